@@ -1,0 +1,129 @@
+"""Reading checkpoints as data, and loading MALA backbone weights from the formats users have.
+
+Every checkpoint is read with ``torch.load(weights_only=True)``; the only classes its pickle may build are
+those in :data:`SAFE_GLOBALS`, which the released and mmengine checkpoints legitimately carry.
+"""
+import argparse
+import logging
+import os
+import pickle
+from typing import Dict, Optional
+from urllib.parse import urlparse
+
+import numpy as np
+import torch
+from mmengine.logging import HistoryBuffer
+from torch import nn
+
+_numpy_core = getattr(np, '_core', None) or np.core  # renamed in numpy 2
+
+SAFE_GLOBALS = [
+    argparse.Namespace,  # `args` of the release's DeiT-style classification checkpoints
+    HistoryBuffer,  # mmengine's message hub, saved under `meta`
+    # numpy arrays and scalars inside mmengine's `meta`
+    np.ndarray, np.dtype, _numpy_core.multiarray._reconstruct, _numpy_core.multiarray.scalar,
+    *{type(np.dtype(code)) for code in '?bhilqBHILQefdgFDGUSO'},
+]
+
+# Keys of the release's classification head, which a dense backbone does not have.
+CLASSIFICATION_ONLY_PREFIXES = ('proj.', 'norm.', 'head.')
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be read, or that does not fit the model."""
+
+
+def _local_path(filename: str) -> str:
+    if urlparse(filename).scheme in ('http', 'https'):
+        cache_dir = os.path.join(torch.hub.get_dir(), 'checkpoints')
+        path = os.path.join(cache_dir, os.path.basename(urlparse(filename).path))
+        if not os.path.exists(path):
+            os.makedirs(cache_dir, exist_ok=True)
+            torch.hub.download_url_to_file(filename, path + '.part')
+            os.replace(path + '.part', path)
+        return path
+    if not os.path.isfile(filename):
+        raise FileNotFoundError(f'checkpoint {filename!r} does not exist; pass a file path or an http(s) URL')
+    return filename
+
+
+def safe_load(filename: str, map_location='cpu'):
+    """``torch.load`` a local file or URL as data only.
+
+    Raises:
+        FileNotFoundError: no such file.
+        CheckpointError: the file is truncated or not a checkpoint, or its pickle asks for a class that is
+            not in :data:`SAFE_GLOBALS` (nothing of it is executed).
+    """
+    path = _local_path(filename)
+    try:
+        with torch.serialization.safe_globals(SAFE_GLOBALS):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise CheckpointError(
+            f'refused to load {filename!r}: its pickle needs a class outside the allow-list, so it is not read '
+            f'as plain data ({str(err).splitlines()[0]}). Convert it to a tensor-only state dict where it was '
+            f'made, or, if you trust it, add the class with torch.serialization.add_safe_globals.') from None
+    except (RuntimeError, EOFError, ValueError) as err:
+        raise CheckpointError(f'cannot read checkpoint {filename!r}: it is truncated or not a PyTorch '
+                              f'checkpoint ({err})') from None
+
+
+def extract_backbone_state_dict(checkpoint, prefix: Optional[str] = None) -> Dict[str, torch.Tensor]:
+    """The backbone's tensors from a loaded checkpoint of any supported format.
+
+    - mmengine/mmdet/mmseg: ``{'state_dict': {'backbone.*': ...}}``;
+    - the release's classification trainer: ``{'model': {...}, 'model_ema': ..., 'args': ...}``, whose
+      classification-only keys (``proj.*``, ``norm.*``, ``head.*``) are dropped;
+    - a plain backbone state dict (as this project's tools write).
+
+    Args:
+        prefix: take only keys under this prefix (e.g. 'backbone.'); by default 'backbone.' where present.
+    """
+    if not isinstance(checkpoint, dict):
+        raise CheckpointError(f'a checkpoint must be a dict, got {type(checkpoint).__name__}')
+    for container in ('state_dict', 'model'):
+        if isinstance(checkpoint.get(container), dict):
+            state = checkpoint[container]
+            break
+    else:
+        state = checkpoint
+    state = {k[len('module.'):] if k.startswith('module.') else k: v
+             for k, v in state.items() if isinstance(v, torch.Tensor)}
+    if prefix is None and any(k.startswith('backbone.') for k in state):
+        prefix = 'backbone.'
+    if prefix:
+        return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+    return {k: v for k, v in state.items() if not k.startswith(CLASSIFICATION_ONLY_PREFIXES)}
+
+
+def load_backbone_weights(model: nn.Module, filename: str, prefix: Optional[str] = None,
+                          logger: Optional[logging.Logger] = None) -> None:
+    """Load a backbone checkpoint into ``model``, refusing one that does not fit.
+
+    Missing keys (e.g. the dense model's extra norms, absent from classification checkpoints) keep their
+    initialisation and are logged, as are unexpected keys.
+
+    Raises:
+        CheckpointError: no key of the checkpoint belongs to the model, or some shapes differ (another arch).
+    """
+    logger = logger or logging.getLogger(__name__)
+    state = extract_backbone_state_dict(safe_load(filename), prefix)
+    own = model.state_dict()
+    matched = [k for k in state if k in own]
+    if not matched:
+        raise CheckpointError(
+            f'no key of {filename!r} belongs to {type(model).__name__} (it has {len(state)} tensors, e.g. '
+            f'{list(state)[:3]}); is it a MALA checkpoint, and is prefix={prefix!r} right?')
+    wrong_shapes = [f'{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}'
+                    for k in matched if state[k].shape != own[k].shape]
+    if wrong_shapes:
+        raise CheckpointError(
+            f'{filename!r} does not fit this {type(model).__name__} arch: {len(wrong_shapes)} shapes differ, '
+            f'e.g. ' + '; '.join(wrong_shapes[:3]) + '. Pick the arch the checkpoint was trained with.')
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    logger.info(f'loaded {len(matched)} tensors into {type(model).__name__} from {filename}')
+    if missing:
+        logger.warning(f'keys missing from the checkpoint, left at their initialisation: {missing}')
+    if unexpected:
+        logger.warning(f'checkpoint keys the model does not have, ignored: {unexpected}')

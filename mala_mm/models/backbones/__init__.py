@@ -1,0 +1,3 @@
+from .mala import MALA
+
+__all__ = ['MALA']

@@ -1,0 +1,185 @@
+"""MALA (MAViT) backbone for dense prediction."""
+from typing import Dict, Optional, Sequence, Union
+
+import torch
+from mmengine.logging import MMLogger
+from mmengine.model import BaseModule
+from mmengine.model.weight_init import trunc_normal_
+from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from ...checkpoint import load_backbone_weights
+from ..layers import ATTENTION_KINDS, ConvStem, LayerNorm2d, MALAStage
+
+
+class MALA(BaseModule):
+    """MALA backbone from "Rectifying Magnitude Neglect in Linear Attention" (ICCV 2025).
+
+    A conv stem (stride 4) and four stages of pre-norm blocks whose token mixer is magnitude-aware linear
+    attention or softmax attention; returns the normalised output of each stage in ``out_indices``
+    (strides 4, 8, 16, 32). Parameter names match the released checkpoints.
+
+    Args:
+        arch: 'tiny', 'small', 'base', 'large' (or 't', 's', 'b', 'l'), or a dict with ``embed_dims``,
+            ``depths``, ``num_heads`` (one entry per stage) and optionally ``mlp_ratio`` (3.5),
+            ``layer_scale_init`` (1.0; a number or one per stage; None disables layer scale) and
+            ``drop_path_rate`` (0.1).
+        attn_types: the token mixer of each stage, 'mala' or 'softmax'; one string applies to every stage.
+            The released models use ('mala', 'mala', 'softmax', 'softmax').
+        in_channels: input image channels.
+        drop_path_rate: stochastic depth, rising linearly to this over all blocks; None takes the arch's.
+        out_indices: stages whose outputs are returned.
+        frozen_stages: freeze the stem (0) and also the first ``frozen_stages`` stages (>= 1); -1 freezes
+            nothing.
+        norm_eval: keep every BatchNorm (SyncBN included) in eval mode while training.
+        norm_cfg: norm of the stem and downsamples, e.g. dict(type='BN') or dict(type='SyncBN').
+        with_cp: activation checkpointing in every block.
+        init_cfg: dict(type='Pretrained', checkpoint=PATH_OR_URL) loads a released classification checkpoint,
+            an mmdet/mmseg checkpoint holding ``backbone.*`` or a plain backbone state dict; an optional
+            ``prefix`` picks the sub-dict. Without it, weights are initialised as released (truncated normal).
+    """
+
+    arch_zoo: Dict[str, dict] = {
+        'tiny': dict(embed_dims=[64, 128, 256, 512], depths=[2, 2, 6, 2], num_heads=[1, 2, 4, 8],
+                     mlp_ratio=3.5, layer_scale_init=[1.0, 1.0, 1.0, 1.0], drop_path_rate=0.1),
+        'small': dict(embed_dims=[64, 128, 320, 512], depths=[3, 5, 9, 3], num_heads=[1, 2, 5, 8],
+                      mlp_ratio=3.5, layer_scale_init=[1.0, 1.0, 1.0, 1.0], drop_path_rate=0.15),
+        'base': dict(embed_dims=[96, 192, 384, 512], depths=[4, 6, 12, 6], num_heads=[1, 2, 6, 8],
+                     mlp_ratio=3.5, layer_scale_init=[1.0, 1.0, 1e-6, 1e-6], drop_path_rate=0.4),
+        'large': dict(embed_dims=[96, 192, 448, 640], depths=[4, 7, 19, 8], num_heads=[1, 2, 7, 10],
+                      mlp_ratio=3.5, layer_scale_init=[1e-6, 1e-6, 1e-6, 1e-6], drop_path_rate=0.55),
+    }
+    arch_zoo.update({name[0]: spec for name, spec in list(arch_zoo.items())})
+    custom_arch_defaults = dict(mlp_ratio=3.5, layer_scale_init=1.0, drop_path_rate=0.1)
+
+    def __init__(self,
+                 arch: Union[str, dict] = 'tiny',
+                 attn_types: Union[str, Sequence[str]] = ('mala', 'mala', 'softmax', 'softmax'),
+                 in_channels: int = 3,
+                 drop_path_rate: Optional[float] = None,
+                 out_indices: Sequence[int] = (0, 1, 2, 3),
+                 frozen_stages: int = -1,
+                 norm_eval: bool = False,
+                 norm_cfg: dict = dict(type='BN', requires_grad=True),
+                 with_cp: bool = False,
+                 init_cfg: Optional[dict] = None):
+        super().__init__(init_cfg=init_cfg)
+        arch = self._resolve_arch(arch)
+        num_stages = len(arch['depths'])
+        self.embed_dims = list(arch['embed_dims'])
+        self.in_channels = in_channels
+
+        if isinstance(attn_types, str):
+            attn_types = [attn_types] * num_stages
+        attn_types = [kind.lower() for kind in attn_types]
+        if len(attn_types) != num_stages or any(kind not in ATTENTION_KINDS for kind in attn_types):
+            raise ValueError(f'MALA: attn_types must be one of {sorted(ATTENTION_KINDS)} or a sequence of '
+                             f'{num_stages} of them, got {attn_types}')
+        self.attn_types = attn_types
+
+        self.out_indices = tuple(out_indices)
+        if not self.out_indices or any(not 0 <= i < num_stages for i in self.out_indices):
+            raise ValueError(f'MALA: out_indices must be non-empty stage indices in [0, {num_stages}), '
+                             f'got {out_indices}')
+        if not -1 <= frozen_stages <= num_stages:
+            raise ValueError(f'MALA: frozen_stages must be in [-1, {num_stages}], got {frozen_stages}')
+        self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
+
+        if drop_path_rate is None:
+            drop_path_rate = arch['drop_path_rate']
+        rates = torch.linspace(0, drop_path_rate, sum(arch['depths'])).tolist()
+        layer_scale = arch['layer_scale_init']
+        if layer_scale is None or isinstance(layer_scale, (int, float)):
+            layer_scale = [layer_scale] * num_stages
+
+        self.patch_embed = ConvStem(in_channels, self.embed_dims[0], norm_cfg)
+        self.layers = nn.ModuleList()
+        for i in range(num_stages):
+            first = sum(arch['depths'][:i])
+            self.layers.append(MALAStage(
+                embed_dims=self.embed_dims[i],
+                num_heads=arch['num_heads'][i],
+                attn_type=attn_types[i],
+                mlp_ratio=arch['mlp_ratio'],
+                drop_paths=rates[first:first + arch['depths'][i]],
+                layer_scale_init=layer_scale[i],
+                out_dims=self.embed_dims[i + 1] if i + 1 < num_stages else None,
+                norm_cfg=norm_cfg,
+                with_cp=with_cp))
+        # keyed by stage index so that the state dict reads extra_norms.{i}.* as released
+        self.extra_norms = nn.ModuleDict({str(i): LayerNorm2d(self.embed_dims[i]) for i in self.out_indices})
+        self._freeze_stages()
+
+    @classmethod
+    def _resolve_arch(cls, arch: Union[str, dict]) -> dict:
+        if isinstance(arch, str):
+            if arch.lower() not in cls.arch_zoo:
+                raise ValueError(f'MALA: unknown arch {arch!r}; choose one of {sorted(set(cls.arch_zoo))} '
+                                 f'or pass a dict with embed_dims, depths and num_heads')
+            return cls.arch_zoo[arch.lower()]
+        if not isinstance(arch, dict):
+            raise TypeError(f'MALA: arch must be a name or a dict, got {type(arch).__name__}')
+        required = {'embed_dims', 'depths', 'num_heads'}
+        allowed = required | set(cls.custom_arch_defaults)
+        if not required <= set(arch) or not set(arch) <= allowed:
+            raise ValueError(f'MALA: a custom arch needs {sorted(required)} and may set '
+                             f'{sorted(cls.custom_arch_defaults)}; got keys {sorted(arch)}')
+        arch = {**cls.custom_arch_defaults, **arch}
+        lengths = {len(arch[key]) for key in required}
+        if len(lengths) != 1:
+            raise ValueError(f'MALA: embed_dims, depths and num_heads need one entry per stage, got {arch}')
+        if isinstance(arch['layer_scale_init'], (list, tuple)) and len(arch['layer_scale_init']) not in lengths:
+            raise ValueError(f'MALA: layer_scale_init needs one entry per stage, got {arch["layer_scale_init"]}')
+        return arch
+
+    def init_weights(self):
+        """Load ``init_cfg``'s checkpoint if it names one, else initialise as the release does."""
+        if self.init_cfg is not None and self.init_cfg.get('type') == 'Pretrained':
+            cfg = dict(self.init_cfg)
+            load_backbone_weights(self, cfg['checkpoint'], prefix=cfg.get('prefix'),
+                                  logger=MMLogger.get_current_instance())
+        else:
+            for m in self.modules():
+                if isinstance(m, nn.Conv2d):
+                    trunc_normal_(m.weight, std=0.02)
+                    nn.init.zeros_(m.bias)
+                elif isinstance(m, (nn.LayerNorm, _BatchNorm)):
+                    nn.init.ones_(m.weight)
+                    nn.init.zeros_(m.bias)
+        self._is_init = True
+
+    def forward(self, x: Tensor) -> tuple:
+        """x: (B, in_channels, H, W), any H, W >= 1. Returns, per out index i, (B, C_i, ceil(H/s_i),
+        ceil(W/s_i)) with s_i = 4, 8, 16, 32."""
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(f'MALA expects a (B, {self.in_channels}, H, W) batch, got shape {tuple(x.shape)}')
+        x = self.patch_embed(x)
+        outs = []
+        for i, stage in enumerate(self.layers):
+            out, x = stage(x)
+            if i in self.out_indices:
+                outs.append(self.extra_norms[str(i)](out))
+        return tuple(outs)
+
+    def _freeze_stages(self):
+        frozen = []
+        if self.frozen_stages >= 0:
+            frozen.append(self.patch_embed)
+        for i in range(self.frozen_stages):
+            frozen.append(self.layers[i])
+            if str(i) in self.extra_norms:
+                frozen.append(self.extra_norms[str(i)])
+        for module in frozen:
+            module.eval()
+            for param in module.parameters():
+                param.requires_grad = False
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self._freeze_stages()
+        if mode and self.norm_eval:
+            for m in self.modules():
+                if isinstance(m, _BatchNorm):
+                    m.eval()
+        return self

@@ -1,0 +1,102 @@
+"""The two token mixers of MALA: magnitude-aware linear attention and softmax attention.
+
+Both share one skeleton (:class:`GatedAttention`); they differ only in the function that turns per-head
+q, k, v into the attention result, :func:`mala_attention` or :func:`softmax_attention`.
+"""
+from typing import Optional, Tuple
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .rope import apply_rope
+
+RopeTables = Optional[Tuple[Tensor, Tensor]]
+
+
+def mala_attention(q: Tensor, k: Tensor, v: Tensor, rope: RopeTables = None, eps: float = 1e-6) -> Tensor:
+    """Magnitude-aware linear attention in O(N d^2).
+
+    The effective score of query i on key j is ``beta_i * s_ij - gamma_i`` with
+    ``s_ij = phi(q_i).phi(k_j) d^-1/2 / N``, ``z_i = sum_j s_ij``, ``beta_i = 1 + 1/z_i``, ``gamma_i = z_i / N``,
+    so every row sums to one and a larger ``|phi(q_i)|`` gives a spikier row. The N x N matrix is never formed.
+
+    Args:
+        q, k, v: (B, h, N, d) per-head projections.
+        rope: (sin, cos) tables of shape (N, d), or None for no rotation.
+        eps: keeps ``1 / z`` finite.
+
+    Returns:
+        (B, h, N, d).
+    """
+    num_tokens, head_dims = q.shape[-2:]
+    scale = head_dims ** -0.5
+    q, k = F.elu(q) + 1, F.elu(k) + 1                                    # phi(q), phi(k)
+    z = scale * (q @ k.mean(dim=-2, keepdim=True).transpose(-2, -1))    # z_i = d^-1/2 phi(q_i).mean_j phi(k_j)
+    if rope is not None:                                                 # z keeps the un-rotated features
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    kv = (scale / num_tokens) * (k.transpose(-2, -1) @ v)               # KV = d^-1/2 / N * sum_j k~_j^T v_j
+    beta = 1 + 1 / (z + eps)                                             # beta_i
+    return beta * (q @ kv) - z * v.mean(dim=-2, keepdim=True)            # - gamma_i sum_j v_j, gamma_i N = z_i
+
+
+def softmax_attention(q: Tensor, k: Tensor, v: Tensor, rope: RopeTables = None) -> Tensor:
+    """``softmax(d^-1/2 q~ k~^T) v`` on RoPE-rotated raw q, k; fused kernels, no N x N matrix where available.
+
+    Args:
+        q, k, v: (B, h, N, d); rope: (sin, cos) tables of shape (N, d) or None.
+    """
+    if rope is not None:
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    return F.scaled_dot_product_attention(q, k, v)
+
+
+class GatedAttention(nn.Module):
+    """The attention skeleton shared by both kinds.
+
+    ``qkvo`` projects (B, C, H, W) to q, k, v and an output gate o (C channels each, channels head-major);
+    the result Y of :meth:`attend` leaves as ``proj((Y + LePE(v)) * o)``, with LePE a depth-wise 5x5 conv.
+
+    Args:
+        embed_dims: C.
+        num_heads: h; C / h must be a multiple of 4 (2-D RoPE splits each head into rows and columns).
+    """
+
+    def __init__(self, embed_dims: int, num_heads: int):
+        super().__init__()
+        if embed_dims % num_heads:
+            raise ValueError(f'{type(self).__name__}: {num_heads} heads do not divide {embed_dims} channels')
+        if (embed_dims // num_heads) % 4:
+            raise ValueError(f'{type(self).__name__}: head width {embed_dims // num_heads} '
+                             f'({embed_dims} channels / {num_heads} heads) must be a multiple of 4 for 2-D RoPE')
+        self.num_heads = num_heads
+        self.qkvo = nn.Conv2d(embed_dims, 4 * embed_dims, 1)
+        self.lepe = nn.Conv2d(embed_dims, embed_dims, 5, padding=2, groups=embed_dims)
+        self.proj = nn.Conv2d(embed_dims, embed_dims, 1)
+
+    @staticmethod
+    def attend(q: Tensor, k: Tensor, v: Tensor, rope: RopeTables) -> Tensor:
+        """(B, h, N, d) q, k, v to the (B, h, N, d) attention result."""
+        raise NotImplementedError
+
+    def forward(self, x: Tensor, rope: RopeTables = None) -> Tensor:
+        """x: (B, C, H, W); rope: (sin, cos) tables of shape (H * W, C / h) or None. Returns (B, C, H, W)."""
+        batch, channels, height, width = x.shape
+        q, k, v, o = self.qkvo(x).chunk(4, dim=1)
+        lepe = self.lepe(v)
+
+        def split_heads(t: Tensor) -> Tensor:  # (B, C, H, W) -> (B, h, N, d)
+            return t.reshape(batch, self.num_heads, -1, height * width).transpose(-2, -1)
+
+        y = self.attend(split_heads(q), split_heads(k), split_heads(v), rope)
+        y = y.transpose(-2, -1).reshape(batch, channels, height, width)
+        return self.proj((y + lepe) * o)
+
+
+class MALAttention(GatedAttention):
+    """Magnitude-aware linear attention (:func:`mala_attention`) in the gated skeleton."""
+    attend = staticmethod(mala_attention)
+
+
+class SoftmaxAttention(GatedAttention):
+    """Softmax attention (:func:`softmax_attention`) in the gated skeleton."""
+    attend = staticmethod(softmax_attention)

@@ -1,0 +1,148 @@
+"""Building blocks of the MALA backbone: norms, stem, downsample, FFN, transformer block and stage.
+
+Module and parameter names follow the released checkpoints so that their state dicts load unchanged.
+"""
+from typing import Optional, Sequence
+
+import torch
+import torch.utils.checkpoint as cp
+from mmcv.cnn import build_norm_layer
+from mmcv.cnn.bricks import DropPath
+from torch import Tensor, nn
+
+from .attention import MALAttention, SoftmaxAttention
+from .rope import RoPE2d
+
+ATTENTION_KINDS = {'mala': MALAttention, 'softmax': SoftmaxAttention}
+
+
+class LayerNorm2d(nn.Module):
+    """LayerNorm over the channels of a (B, C, H, W) map (eps 1e-6)."""
+
+    def __init__(self, channels: int, eps: float = 1e-6):
+        super().__init__()
+        self.norm = nn.LayerNorm(channels, eps=eps)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+class ConvStem(nn.Module):
+    """Stride-4 stem: four 3x3 convs (strides 2, 1, 1, 2), each followed by a norm, GELU between them.
+
+    (B, in_channels, H, W) -> (B, C, ceil(H / 4), ceil(W / 4)).
+    """
+
+    def __init__(self, in_channels: int, embed_dims: int, norm_cfg: dict):
+        super().__init__()
+        mid = embed_dims // 2
+        layers = []
+        for i, (c_in, c_out, stride) in enumerate(
+                [(in_channels, mid, 2), (mid, mid, 1), (mid, mid, 1), (mid, embed_dims, 2)]):
+            layers += [nn.Conv2d(c_in, c_out, 3, stride, 1), build_norm_layer(norm_cfg, c_out)[1]]
+            if i < 3:
+                layers.append(nn.GELU())
+        self.proj = nn.Sequential(*layers)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.proj(x)
+
+
+class ConvDownsample(nn.Module):
+    """3x3 stride-2 conv and a norm between stages: (B, C_in, H, W) -> (B, C_out, ceil(H/2), ceil(W/2))."""
+
+    def __init__(self, in_channels: int, out_channels: int, norm_cfg: dict):
+        super().__init__()
+        self.reduction = nn.Conv2d(in_channels, out_channels, 3, 2, 1)
+        self.norm = build_norm_layer(norm_cfg, out_channels)[1]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.norm(self.reduction(x))
+
+
+class ConvFFN(nn.Module):
+    """conv1x1 (C -> hidden), GELU, residual depth-wise 3x3 conv, conv1x1 (hidden -> C)."""
+
+    def __init__(self, embed_dims: int, hidden_dims: int):
+        super().__init__()
+        self.fc1 = nn.Conv2d(embed_dims, hidden_dims, 1)
+        self.act = nn.GELU()
+        self.dwconv = nn.Conv2d(hidden_dims, hidden_dims, 3, padding=1, groups=hidden_dims)
+        self.fc2 = nn.Conv2d(hidden_dims, embed_dims, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.act(self.fc1(x))
+        return self.fc2(x + self.dwconv(x))
+
+
+class MALABlock(nn.Module):
+    """Pre-norm block: conditional position encoding, attention and FFN, each residual.
+
+    ``x += DWConv3x3(x); x += DropPath(g1 * Attn(LN(x))); x += DropPath(g2 * FFN(LN(x)))``
+
+    Args:
+        embed_dims: C.
+        num_heads: attention heads.
+        attn_type: 'mala' or 'softmax'.
+        mlp_ratio: FFN hidden width is ``int(mlp_ratio * C)``.
+        drop_path: stochastic depth rate of this block.
+        layer_scale_init: initial value of the per-channel scales g1, g2; None disables them.
+        with_cp: recompute activations in backward (saves memory when training).
+    """
+
+    def __init__(self, embed_dims: int, num_heads: int, attn_type: str, mlp_ratio: float,
+                 drop_path: float = 0., layer_scale_init: Optional[float] = 1.0, with_cp: bool = False):
+        super().__init__()
+        self.with_cp = with_cp
+        self.pos = nn.Conv2d(embed_dims, embed_dims, 3, padding=1, groups=embed_dims)
+        self.norm1 = LayerNorm2d(embed_dims)
+        self.attn = ATTENTION_KINDS[attn_type](embed_dims, num_heads)
+        self.norm2 = LayerNorm2d(embed_dims)
+        self.ffn = ConvFFN(embed_dims, int(mlp_ratio * embed_dims))
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        if layer_scale_init is None:
+            self.gamma_1 = self.gamma_2 = None
+        else:
+            self.gamma_1 = nn.Parameter(torch.full((1, embed_dims, 1, 1), float(layer_scale_init)))
+            self.gamma_2 = nn.Parameter(torch.full((1, embed_dims, 1, 1), float(layer_scale_init)))
+
+    def _forward(self, x: Tensor, rope) -> Tensor:
+        x = x + self.pos(x)
+        attn = self.attn(self.norm1(x), rope)
+        x = x + self.drop_path(attn if self.gamma_1 is None else self.gamma_1 * attn)
+        ffn = self.ffn(self.norm2(x))
+        return x + self.drop_path(ffn if self.gamma_2 is None else self.gamma_2 * ffn)
+
+    def forward(self, x: Tensor, rope=None) -> Tensor:
+        """x: (B, C, H, W); rope: the stage's (sin, cos) tables. Returns (B, C, H, W)."""
+        if self.with_cp and x.requires_grad:
+            return cp.checkpoint(self._forward, x, rope, use_reentrant=False)
+        return self._forward(x, rope)
+
+
+class MALAStage(nn.Module):
+    """``depth`` blocks sharing one RoPE, then an optional downsample to the next stage's width.
+
+    Args:
+        embed_dims, num_heads, attn_type, mlp_ratio, layer_scale_init, with_cp: as in :class:`MALABlock`.
+        drop_paths: one stochastic depth rate per block (its length is the depth).
+        out_dims: width after the downsample, or None for the last stage (no downsample).
+        norm_cfg: norm of the downsample.
+    """
+
+    def __init__(self, embed_dims: int, num_heads: int, attn_type: str, mlp_ratio: float,
+                 drop_paths: Sequence[float], layer_scale_init: Optional[float], out_dims: Optional[int],
+                 norm_cfg: dict, with_cp: bool = False):
+        super().__init__()
+        self.RoPE = RoPE2d(embed_dims // num_heads)  # attribute name as in the released checkpoints
+        self.blocks = nn.ModuleList(
+            MALABlock(embed_dims, num_heads, attn_type, mlp_ratio, rate, layer_scale_init, with_cp)
+            for rate in drop_paths)
+        self.downsample = None if out_dims is None else ConvDownsample(embed_dims, out_dims, norm_cfg)
+
+    def forward(self, x: Tensor):
+        """x: (B, C, H, W). Returns the stage output (B, C, H, W) and its downsampled map (or None)."""
+        rope = self.RoPE.tables(*x.shape[-2:], dtype=x.dtype)
+        for block in self.blocks:
+            x = block(x, rope)
+        return x, (None if self.downsample is None else self.downsample(x))

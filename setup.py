@@ -1,0 +1,26 @@
+from setuptools import find_packages, setup
+
+setup(
+    name='mala_mm',
+    version='0.1.0',
+    description='MALA (Magnitude-Aware Linear Attention) backbones for MMDetection and MMSegmentation',
+    long_description=open('README.md', encoding='utf-8').read(),
+    long_description_content_type='text/markdown',
+    packages=find_packages(include=['mala_mm', 'mala_mm.*']),
+    python_requires='>=3.9',
+    install_requires=[
+        'torch>=2.0',
+        'mmengine>=0.10.0,<1.0',
+        # mmdet 3.3 and mmseg 1.2 assert mmcv < 2.2.0; mmcv is installed first, with its compiled ops,
+        # by tools/setup_env.sh (it has no binary wheels on PyPI).
+        'mmcv>=2.0.0,<2.2.0',
+        'mmdet>=3.0.0,<3.4',
+        'mmsegmentation>=1.0.0,<1.3',
+        # imported by mmseg without being declared
+        'ftfy',
+        'regex',
+        # mmengine resolves `mmdet::`/`mmseg::` base configs through pkg_resources
+        'setuptools>=77.0.3,<82',
+    ],
+    extras_require={'tests': ['pytest>=7', 'matplotlib']},
+)
