@@ -1,0 +1,18 @@
+_base_ = 'mmseg::_base_/schedules/schedule_160k.py'
+
+# AdamW with no weight decay on norm layers (the same exemption as the release's COCO recipes)
+optim_wrapper = dict(
+    _delete_=True,
+    type='OptimWrapper',
+    optimizer=dict(type='AdamW', lr=6e-5, betas=(0.9, 0.999), weight_decay=0.01),
+    paramwise_cfg=dict(norm_decay_mult=0.))
+
+# linear warm-up (1500 iterations from 1e-6 x lr) multiplying a poly(1.0) decay over all 160k iterations,
+# which is how the release's mmcv 1.x poly policy applied its warm-up
+param_scheduler = [
+    dict(type='LinearLR', start_factor=1e-6, by_epoch=False, begin=0, end=1500),
+    dict(type='PolyLR', eta_min=0.0, power=1.0, begin=0, end=160000, by_epoch=False)
+]
+
+# the recipe's lr is for 8 GPUs x 2 images
+auto_scale_lr = dict(enable=False, base_batch_size=16)

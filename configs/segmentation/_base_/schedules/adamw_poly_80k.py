@@ -1,0 +1,13 @@
+_base_ = 'mmseg::_base_/schedules/schedule_80k.py'
+
+# AdamW with no weight decay on norm layers (the same exemption as the release's COCO recipes)
+optim_wrapper = dict(
+    _delete_=True,
+    type='OptimWrapper',
+    optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=1e-4),
+    paramwise_cfg=dict(norm_decay_mult=0.))
+
+param_scheduler = [dict(type='PolyLR', eta_min=1e-6, power=0.9, begin=0, end=80000, by_epoch=False)]
+
+# the recipe's lr is for 8 GPUs x 2 images
+auto_scale_lr = dict(enable=False, base_batch_size=16)
