@@ -17,9 +17,19 @@ from torch import nn
 
 _numpy_core = getattr(np, '_core', None) or np.core  # renamed in numpy 2
 
+
+def _history_buffer_statistic(owner, name: str):
+    """Stands in for ``getattr`` while unpickling: mmengine's HistoryBuffer pickles its statistics methods as
+    ``getattr(HistoryBuffer, 'mean')``; nothing else may be looked up."""
+    if owner is HistoryBuffer and name in HistoryBuffer._statistics_methods.keys() | {'min', 'max', 'mean', 'current'}:
+        return getattr(owner, name)
+    raise pickle.UnpicklingError(f'refused getattr({owner!r}, {name!r}) while loading a checkpoint')
+
+
 SAFE_GLOBALS = [
     argparse.Namespace,  # `args` of the release's DeiT-style classification checkpoints
     HistoryBuffer,  # mmengine's message hub, saved under `meta`
+    (_history_buffer_statistic, 'builtins.getattr'),
     # numpy arrays and scalars inside mmengine's `meta`
     np.ndarray, np.dtype, _numpy_core.multiarray._reconstruct, _numpy_core.multiarray.scalar,
     *{type(np.dtype(code)) for code in '?bhilqBHILQefdgFDGUSO'},
@@ -60,10 +70,12 @@ def safe_load(filename: str, map_location='cpu'):
         with torch.serialization.safe_globals(SAFE_GLOBALS):
             return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
+        reason = next((line.strip() for line in str(err).splitlines() if 'Unsupported global' in line or
+                       'refused' in line), str(err).splitlines()[-1])
         raise CheckpointError(
-            f'refused to load {filename!r}: its pickle needs a class outside the allow-list, so it is not read '
-            f'as plain data ({str(err).splitlines()[0]}). Convert it to a tensor-only state dict where it was '
-            f'made, or, if you trust it, add the class with torch.serialization.add_safe_globals.') from None
+            f'refused to load {filename!r}: its pickle needs something outside the allow-list of plain data, '
+            f'so nothing of it was run ({reason}). Convert it to a tensor-only state dict where it was made, or, '
+            f'if you trust it, allow the class with torch.serialization.add_safe_globals.') from None
     except (RuntimeError, EOFError, ValueError) as err:
         raise CheckpointError(f'cannot read checkpoint {filename!r}: it is truncated or not a PyTorch '
                               f'checkpoint ({err})') from None

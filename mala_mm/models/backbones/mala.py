@@ -131,6 +131,12 @@ class MALA(BaseModule):
             raise ValueError(f'MALA: embed_dims, depths and num_heads need one entry per stage, got {arch}')
         if isinstance(arch['layer_scale_init'], (list, tuple)) and len(arch['layer_scale_init']) not in lengths:
             raise ValueError(f'MALA: layer_scale_init needs one entry per stage, got {arch["layer_scale_init"]}')
+        for stage, (channels, heads) in enumerate(zip(arch['embed_dims'], arch['num_heads'])):
+            if channels % heads:
+                raise ValueError(f'MALA: in stage {stage}, {heads} heads do not divide {channels} channels')
+            if (channels // heads) % 4:
+                raise ValueError(f'MALA: in stage {stage}, the head width {channels // heads} ({channels} channels / '
+                                 f'{heads} heads) must be a multiple of 4 for 2-D RoPE')
         return arch
 
     def init_weights(self):
@@ -154,6 +160,8 @@ class MALA(BaseModule):
         ceil(W/s_i)) with s_i = 4, 8, 16, 32."""
         if x.dim() != 4 or x.shape[1] != self.in_channels:
             raise ValueError(f'MALA expects a (B, {self.in_channels}, H, W) batch, got shape {tuple(x.shape)}')
+        if x.shape[-1] == 0 or x.shape[-2] == 0:
+            raise ValueError(f'MALA got an empty image batch of shape {tuple(x.shape)}; H and W must be >= 1')
         x = self.patch_embed(x)
         outs = []
         for i, stage in enumerate(self.layers):

@@ -39,6 +39,21 @@ def mala_attention(q: Tensor, k: Tensor, v: Tensor, rope: RopeTables = None, eps
     return beta * (q @ kv) - z * v.mean(dim=-2, keepdim=True)            # - gamma_i sum_j v_j, gamma_i N = z_i
 
 
+def linear_attention(q: Tensor, k: Tensor, v: Tensor, rope: RopeTables = None, eps: float = 1e-6) -> Tensor:
+    """Plain (magnitude-blind) linear attention ``phi(q~) (sum_j phi(k~_j)^T v_j) / (phi(q) sum_m phi(k_m)^T)``.
+
+    The reference MALA improves on; the norm of ``phi(q_i)`` cancels between numerator and denominator.
+
+    Args:
+        q, k, v: (B, h, N, d); rope: (sin, cos) tables of shape (N, d) or None.
+    """
+    q, k = F.elu(q) + 1, F.elu(k) + 1
+    denominator = q @ k.sum(dim=-2, keepdim=True).transpose(-2, -1)     # (B, h, N, 1)
+    if rope is not None:
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    return (q @ (k.transpose(-2, -1) @ v)) / (denominator + eps)
+
+
 def softmax_attention(q: Tensor, k: Tensor, v: Tensor, rope: RopeTables = None) -> Tensor:
     """``softmax(d^-1/2 q~ k~^T) v`` on RoPE-rotated raw q, k; fused kernels, no N x N matrix where available.
 

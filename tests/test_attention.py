@@ -1,0 +1,127 @@
+"""The attention formulas: linear-time MALA against its explicit N x N form, and its magnitude awareness."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mala_mm.models.layers import (MALAttention, RoPE2d, SoftmaxAttention, apply_rope, linear_attention,
+                                   mala_attention, softmax_attention)
+
+B, HEADS, H, W, D = 2, 3, 5, 7, 8
+N = H * W
+
+
+def phi(x):
+    return F.elu(x) + 1
+
+
+def phi_inverse(p):
+    """x with phi(x) = p, for p > 0."""
+    return torch.where(p >= 1, p - 1, p.log())
+
+
+def explicit_mala_scores(q, k, rope=None):
+    """The N x N effective score matrix of MALA written out term by term (spec section 1)."""
+    scale = q.shape[-1] ** -0.5
+    fq, fk = phi(q), phi(k)
+    z = scale * fq @ fk.mean(-2, keepdim=True).transpose(-2, -1)          # (B, h, N, 1)
+    if rope is not None:
+        fq, fk = apply_rope(fq, *rope), apply_rope(fk, *rope)
+    s = scale * fq @ fk.transpose(-2, -1) / fq.shape[-2]                  # s_ij
+    beta, gamma = 1 + 1 / (z + 1e-6), z / fq.shape[-2]
+    return beta * s - gamma
+
+
+def scores_of(attention, q, k, rope=None):
+    """The score matrix an attention function applies, read off by attending to one-hot values."""
+    eye = torch.eye(q.shape[-2], dtype=q.dtype).expand(*q.shape[:-1], -1)
+    return attention(q, k, eye, rope)
+
+
+@pytest.fixture
+def qkv():
+    return [torch.randn(B, HEADS, N, D, dtype=torch.float64) for _ in range(3)]
+
+
+@pytest.fixture
+def rope():
+    return RoPE2d(D).double().tables(H, W, dtype=torch.float64)
+
+
+@pytest.mark.parametrize('with_rope', [False, True])
+def test_linear_time_mala_equals_explicit_score_matrix(qkv, rope, with_rope):
+    q, k, v = qkv
+    rope = rope if with_rope else None
+    explicit = explicit_mala_scores(q, k, rope) @ v
+    torch.testing.assert_close(mala_attention(q, k, v, rope), explicit, rtol=1e-10, atol=1e-10)
+
+
+def test_mala_rows_sum_to_one_without_rope(qkv):
+    q, k, _ = qkv
+    scores = scores_of(mala_attention, q, k)
+    torch.testing.assert_close(scores, explicit_mala_scores(q, k), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(scores.sum(-1), torch.ones(B, HEADS, N, dtype=torch.float64), rtol=0, atol=1e-5)
+
+
+def test_mala_rows_do_not_sum_to_one_with_rope(qkv, rope):
+    # z uses the un-rotated features, as released: the identity holds only when RoPE is the identity.
+    q, k, _ = qkv
+    row_sums = scores_of(mala_attention, q, k, rope).sum(-1)
+    assert (row_sums - 1).abs().max() > 1e-3
+
+
+def test_scaling_phi_q_sharpens_mala_but_not_linear_attention(qkv):
+    q, k, _ = qkv
+    maxima, spreads, linear_rows = [], [], []
+    for factor in (0.5, 1.0, 2.0, 4.0):
+        scaled_q = phi_inverse(factor * phi(q))
+        scores = scores_of(mala_attention, scaled_q, k)
+        torch.testing.assert_close(scores.sum(-1), torch.ones_like(scores[..., 0]), rtol=0, atol=1e-5)
+        maxima.append(scores.max(-1).values)
+        spreads.append(scores.std(-1))
+        linear_rows.append(scores_of(linear_attention, scaled_q, k))
+    for smaller, larger in zip(maxima, maxima[1:]):
+        assert (larger > smaller).all()
+    for smaller, larger in zip(spreads, spreads[1:]):
+        assert (larger > smaller).all()
+    for rows in linear_rows[1:]:
+        torch.testing.assert_close(rows, linear_rows[0], rtol=1e-5, atol=1e-8)
+    torch.testing.assert_close(linear_rows[0].sum(-1), torch.ones_like(linear_rows[0][..., 0]))
+
+
+def test_softmax_attention_equals_explicit_softmax(qkv, rope):
+    q, k, v = qkv
+    rq, rk = apply_rope(q, *rope), apply_rope(k, *rope)
+    explicit = torch.softmax(rq @ rk.transpose(-2, -1) * D ** -0.5, dim=-1) @ v
+    torch.testing.assert_close(softmax_attention(q, k, v, rope), explicit)
+
+
+def test_rope_is_a_rotation_by_row_and_column_angles():
+    rope = RoPE2d(D).double()
+    sin, cos = rope.tables(H, W, dtype=torch.float64)
+    assert sin.shape == cos.shape == (N, D)
+    theta = 1 / 10000 ** torch.linspace(0, 1, D // 4, dtype=torch.float64)
+    token = 2 * W + 3                                                       # row 2, column 3
+    expected = torch.cat([2 * theta.repeat_interleave(2), 3 * theta.repeat_interleave(2)])
+    torch.testing.assert_close(sin[token], expected.sin())
+    x = torch.randn(N, D, dtype=torch.float64)
+    # a rotation keeps the norm of every channel pair
+    pair_norm = lambda t: t.unflatten(-1, (-1, 2)).norm(dim=-1)
+    torch.testing.assert_close(pair_norm(apply_rope(x, sin, cos)), pair_norm(x))
+
+
+@pytest.mark.parametrize('module_cls', [MALAttention, SoftmaxAttention])
+def test_attention_modules_work_on_their_own(module_cls):
+    channels, heads = 32, 2
+    attn = module_cls(channels, heads)
+    x = torch.randn(2, channels, 9, 11)
+    rope = RoPE2d(channels // heads).tables(9, 11)
+    y = attn(x, rope)
+    assert y.shape == x.shape and torch.isfinite(y).all()
+    y.sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in attn.parameters())
+
+
+@pytest.mark.parametrize('channels,heads,message', [(30, 4, 'do not divide'), (24, 4, 'multiple of 4')])
+def test_attention_rejects_bad_head_layout(channels, heads, message):
+    with pytest.raises(ValueError, match=message):
+        MALAttention(channels, heads)

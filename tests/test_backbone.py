@@ -1,0 +1,177 @@
+"""The MALA backbone: fidelity to the release, variants, registries, shapes, gradients and freezing."""
+import copy
+import math
+import os
+
+import pytest
+import torch
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from conftest import DATA_DIR
+from mala_mm import MALA
+from mala_mm.checkpoint import load_backbone_weights
+
+VARIANT_PARAMS = {'tiny': 13_347_328, 'small': 24_040_896, 'base': 46_691_296, 'large': 93_561_760}
+
+
+def test_matches_release_outputs():
+    io = torch.load(os.path.join(DATA_DIR, 'official_det_io.pth'), weights_only=True)
+    model = MALA(arch=io['arch'])
+    load_backbone_weights(model, os.path.join(DATA_DIR, 'official_det_ckpt.pth'))
+    model.eval()
+    with torch.no_grad():
+        outputs = model(io['input'])
+    assert len(outputs) == len(io['outputs']) == 4
+    for ours, release in zip(outputs, io['outputs']):
+        assert ours.shape == release.shape
+        assert (ours - release).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize('arch', list(VARIANT_PARAMS))
+def test_variant_parameter_counts(arch):
+    model = MALA(arch=arch)
+    assert sum(p.numel() for p in model.parameters()) == VARIANT_PARAMS[arch]
+    assert MALA(arch=arch[0]).embed_dims == model.embed_dims
+
+
+@pytest.mark.parametrize('scope', ['mmdet', 'mmseg'])
+@pytest.mark.parametrize('arch', list(VARIANT_PARAMS))
+def test_builds_through_registries(scope, arch):
+    registry = __import__(f'{scope}.registry', fromlist=['MODELS']).MODELS
+    model = registry.build(dict(type='MALA', arch=arch, out_indices=(1, 2, 3)))
+    assert isinstance(model, MALA)
+    assert sum(p.numel() for p in model.parameters()) < VARIANT_PARAMS[arch]  # one extra norm fewer
+
+
+def test_config_with_custom_imports_builds_in_both_libraries(tmp_path):
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    for scope in ('mmdet', 'mmseg'):
+        cfg_file = tmp_path / f'{scope}.py'
+        cfg_file.write_text("custom_imports = dict(imports=['mala_mm'], allow_failed_imports=False)\n"
+                            f"default_scope = '{scope}'\n"
+                            "backbone = dict(type='MALA', arch='small', attn_types='mala')\n")
+        cfg = Config.fromfile(str(cfg_file))
+        init_default_scope(scope)
+        registry = __import__(f'{scope}.registry', fromlist=['MODELS']).MODELS
+        model = registry.build(cfg.backbone)
+        assert model.attn_types == ['mala'] * 4
+
+
+@pytest.mark.parametrize('size', [(37, 53), (1, 1), (64, 33), (129, 200)])
+def test_any_input_size(small_arch, size):
+    model = MALA(arch=small_arch).eval()
+    with torch.no_grad():
+        outputs = model(torch.randn(1, 3, *size))
+    for stride, channels, out in zip((4, 8, 16, 32), small_arch['embed_dims'], outputs):
+        expected = [1, channels] + [math.ceil(s / stride) for s in size]
+        assert list(out.shape) == expected and torch.isfinite(out).all()
+
+
+def test_all_mala_is_one_argument_away(small_arch):
+    model = MALA(arch=small_arch, attn_types='mala')
+    kinds = {type(block.attn).__name__ for stage in model.layers for block in stage.blocks}
+    assert kinds == {'MALAttention'}
+    released = MALA(arch=small_arch)
+    assert [type(stage.blocks[0].attn).__name__ for stage in released.layers] == \
+        ['MALAttention', 'MALAttention', 'SoftmaxAttention', 'SoftmaxAttention']
+
+
+@pytest.mark.parametrize('arch', ['large', None])
+def test_gradients_flow_and_are_finite(small_arch, arch):
+    # `large` starts every layer scale at 1e-6: gradients must still reach every parameter
+    model = MALA(arch=arch or small_arch, drop_path_rate=0.1)
+    model.init_weights()
+    model.train()
+    outputs = model(torch.randn(2, 3, 64, 64))
+    sum(out.square().mean() for out in outputs).backward()
+    for name, param in model.named_parameters():
+        assert param.grad is not None, name
+        assert torch.isfinite(param.grad).all(), name
+    assert any(param.grad.abs().sum() > 0 for param in model.parameters())
+
+
+def test_activation_checkpointing_changes_nothing(small_arch):
+    plain = MALA(arch=small_arch, drop_path_rate=0.)
+    plain.init_weights()
+    checkpointed = MALA(arch=small_arch, drop_path_rate=0., with_cp=True)
+    checkpointed.load_state_dict(plain.state_dict())
+    x = torch.randn(2, 3, 48, 40)
+    grads = []
+    for model in (plain, checkpointed):
+        model.train()
+        sum(out.sum() for out in model(x)).backward()
+        grads.append([p.grad for p in model.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)
+
+
+def _train_one_step(model, x):
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.SGD(params, lr=0.1)
+    model.train()
+    sum(out.square().mean() for out in model(x)).backward()
+    optimizer.step()
+
+
+def test_frozen_stages_really_freeze(small_arch):
+    model = MALA(arch=small_arch, frozen_stages=2)
+    model.init_weights()
+    before = copy.deepcopy(model.state_dict())
+    _train_one_step(model, torch.randn(2, 3, 64, 64))
+    after = model.state_dict()
+    frozen = ('patch_embed.', 'layers.0.', 'layers.1.', 'extra_norms.0.', 'extra_norms.1.')
+    for key in before:
+        if key.startswith(frozen):
+            assert torch.equal(before[key], after[key]), f'{key} changed although frozen'
+        elif key.startswith('layers.2.') and key.endswith(('qkvo.weight', 'fc1.weight')):
+            assert not torch.equal(before[key], after[key]), f'{key} did not train'
+    assert not any(m.training for m in model.layers[1].modules())
+    assert model.layers[2].training
+
+
+@pytest.mark.parametrize('norm_type', ['BN', 'SyncBN'])
+def test_norm_eval_freezes_every_batchnorm(small_arch, norm_type):
+    model = MALA(arch=small_arch, norm_eval=True, norm_cfg=dict(type=norm_type, requires_grad=True))
+    model.init_weights()
+    norms = [m for m in model.modules() if isinstance(m, _BatchNorm)]
+    assert len(norms) == 4 + 3  # stem and downsamples
+    before = [m.running_mean.clone() for m in norms]
+    _train_one_step(model, torch.randn(2, 3, 64, 64))
+    assert not any(m.training for m in norms)
+    assert all(torch.equal(b, m.running_mean) for b, m in zip(before, norms))
+
+
+def test_syncbn_trains_in_one_cpu_process(small_arch):
+    model = MALA(arch=small_arch, norm_cfg=dict(type='SyncBN', requires_grad=True))
+    model.init_weights()
+    assert any(isinstance(m, torch.nn.SyncBatchNorm) for m in model.modules())
+    norm = model.patch_embed.proj[1]
+    before = norm.running_mean.clone()
+    _train_one_step(model, torch.randn(2, 3, 64, 64))
+    assert not torch.equal(before, norm.running_mean)
+
+
+@pytest.mark.parametrize('kwargs,error,message', [
+    (dict(arch='huge'), ValueError, 'unknown arch'),
+    (dict(arch=dict(embed_dims=[64, 96, 128, 256], depths=[1] * 4, num_heads=[1, 2, 3, 4])), ValueError,
+     'stage 2, 3 heads do not divide 128'),
+    (dict(arch=dict(embed_dims=[24, 48, 96, 192], depths=[1] * 4, num_heads=[4, 4, 4, 4])), ValueError,
+     'stage 0, the head width 6'),
+    (dict(arch=dict(embed_dims=[64, 128], depths=[2], num_heads=[1, 2])), ValueError, 'one entry per stage'),
+    (dict(arch=dict(embed_dims=[64], depth=[2], num_heads=[1])), ValueError, 'custom arch needs'),
+    (dict(attn_types=('mala', 'flash', 'softmax', 'softmax')), ValueError, 'attn_types'),
+    (dict(out_indices=(4,)), ValueError, 'out_indices'),
+    (dict(frozen_stages=7), ValueError, 'frozen_stages'),
+])
+def test_bad_arguments_are_explained(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        MALA(**kwargs)
+
+
+def test_wrong_input_is_explained(small_arch):
+    model = MALA(arch=small_arch)
+    with pytest.raises(ValueError, match=r'expects a \(B, 3, H, W\) batch'):
+        model(torch.randn(1, 1, 32, 32))
+    with pytest.raises(ValueError, match='empty'):
+        model(torch.randn(1, 3, 0, 32))

@@ -1,0 +1,158 @@
+"""Loading released, dense and own checkpoints; refusing ones that do not fit or are not plain data."""
+import argparse
+import logging
+import os
+
+import numpy as np
+import pytest
+import torch
+from mmengine.logging import HistoryBuffer, MMLogger
+
+from conftest import DATA_DIR, OFFICIAL_LAYOUT_DIR
+from mala_mm import MALA
+from mala_mm.checkpoint import CheckpointError, extract_backbone_state_dict, load_backbone_weights, safe_load
+
+DET_CKPT = os.path.join(DATA_DIR, 'official_det_ckpt.pth')
+
+
+def read_layout(name):
+    """{key: shape} of one release layout file."""
+    layout = {}
+    with open(os.path.join(OFFICIAL_LAYOUT_DIR, name)) as f:
+        for line in f:
+            if not line.startswith('#'):
+                key, shape, _ = line.rstrip('\n').split('\t')
+                layout[key] = tuple(int(n) for n in shape.strip('()').split(',') if n.strip())
+    return layout
+
+
+def shapes(state_dict):
+    return {k: tuple(v.shape) for k, v in state_dict.items()}
+
+
+def test_state_dict_layout_is_the_releases_dense_layout():
+    assert shapes(MALA(arch='tiny').state_dict()) == read_layout('official_det_backbone_tiny.txt')
+
+
+@pytest.mark.parametrize('arch', ['tiny', 'small', 'base', 'large'])
+def test_state_dict_layout_is_the_releases_classification_layout(arch):
+    released = read_layout(f'official_cls_{arch}.txt')
+    backbone_only = {k: v for k, v in released.items() if not k.startswith(('proj.', 'norm.', 'head.'))}
+    ours = {k: v for k, v in shapes(MALA(arch=arch).state_dict()).items() if not k.startswith('extra_norms.')}
+    assert ours == backbone_only
+
+
+def pretrained(model_cls_kwargs, path):
+    model = MALA(**model_cls_kwargs, init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    model.init_weights()
+    return model
+
+
+def test_loads_release_classification_checkpoint(tmp_path, small_arch):
+    source = MALA(arch=small_arch)
+    source.init_weights()
+    weights = {k: v for k, v in source.state_dict().items() if not k.startswith('extra_norms.')}
+    weights.update({'proj.weight': torch.randn(128, 64, 1, 1), 'norm.weight': torch.ones(128),
+                    'head.weight': torch.randn(1000, 128, 1, 1), 'head.bias': torch.zeros(1000)})
+    path = tmp_path / 'mala_in1k.pth'
+    torch.save({'model': weights, 'model_ema': weights, 'optimizer': {'state': {}, 'param_groups': []},
+                'lr_scheduler': {'last_epoch': 299}, 'epoch': 299, 'scaler': {'scale': 65536.0},
+                'args': argparse.Namespace(model='MALA_T', lr=1e-3, input_size=224, aa='rand-m9-mstd0.5')}, path)
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = MMLogger.get_current_instance()
+    logger.addHandler(handler)
+    try:
+        model = pretrained(dict(arch=small_arch), path)
+    finally:
+        logger.removeHandler(handler)
+    for key, value in weights.items():
+        if key in model.state_dict():
+            assert torch.equal(model.state_dict()[key], value), key
+    assert torch.equal(model.extra_norms['0'].norm.weight, torch.ones(16))  # left at its initialisation
+    warnings = [r.getMessage() for r in records if r.levelno == logging.WARNING]
+    assert any('keys missing' in w and 'extra_norms.0.norm.weight' in w for w in warnings)
+
+
+def test_loads_dense_checkpoint_under_backbone_prefix():
+    model = pretrained(dict(arch=torch.load(os.path.join(DATA_DIR, 'official_det_io.pth'))['arch']), DET_CKPT)
+    released = torch.load(DET_CKPT, weights_only=True)['state_dict']
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, released['backbone.' + key]), key
+
+
+def test_loads_mmengine_checkpoint_with_message_hub(tmp_path, small_arch):
+    source = MALA(arch=small_arch)
+    buffer = HistoryBuffer()
+    buffer.update(0.5)
+    path = tmp_path / 'iter_10.pth'
+    torch.save({'meta': {'epoch': 1, 'message_hub': {'log_scalars': {'train/loss': buffer},
+                                                     'runtime_info': {'lr': np.float64(1e-4), 'ids': np.arange(3)}}},
+                'state_dict': {f'backbone.{k}': v for k, v in source.state_dict().items()},
+                'optimizer': {'state': {}, 'param_groups': []}}, path)
+    model = pretrained(dict(arch=small_arch), path)
+    for key, value in source.state_dict().items():
+        assert torch.equal(model.state_dict()[key], value)
+
+
+def test_loads_own_plain_state_dict(tmp_path, small_arch):
+    source = MALA(arch=small_arch)
+    source.init_weights()
+    path = tmp_path / 'backbone.pth'
+    torch.save(source.state_dict(), path)
+    model = pretrained(dict(arch=small_arch), path)
+    x = torch.randn(1, 3, 40, 40)
+    for a, b in zip(source.eval()(x), model.eval()(x)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_wrong_arch_is_a_clear_error():
+    with pytest.raises(CheckpointError, match='does not fit this MALA arch.*shapes differ'):
+        pretrained(dict(arch='tiny'), DET_CKPT)
+
+
+def test_checkpoint_of_something_else_is_a_clear_error(tmp_path, small_arch):
+    path = tmp_path / 'resnet.pth'
+    torch.save({'state_dict': {'conv1.weight': torch.zeros(64, 3, 7, 7)}}, path)
+    with pytest.raises(CheckpointError, match='no key'):
+        pretrained(dict(arch=small_arch), path)
+
+
+def test_missing_and_truncated_files_are_clear_errors(tmp_path, small_arch):
+    with pytest.raises(FileNotFoundError, match='does not exist'):
+        pretrained(dict(arch=small_arch), tmp_path / 'nowhere.pth')
+    truncated = tmp_path / 'truncated.pth'
+    truncated.write_bytes(open(DET_CKPT, 'rb').read()[:100_000])
+    with pytest.raises(CheckpointError, match='truncated'):
+        safe_load(str(truncated))
+
+
+class _WritesAFile:
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, 'w'))
+
+
+class _LooksUpAMethod:
+    def __reduce__(self):
+        return (getattr, (np.ndarray, 'tofile'))
+
+
+@pytest.mark.parametrize('payload', ['open', 'getattr'])
+def test_a_pickle_that_runs_code_is_refused_without_running(tmp_path, payload):
+    marker = tmp_path / 'pwned'
+    path = tmp_path / 'hostile.pth'
+    hostile = _WritesAFile(str(marker)) if payload == 'open' else _LooksUpAMethod()
+    torch.save({'state_dict': {}, 'payload': hostile}, path)
+    with pytest.raises(CheckpointError, match=f'refused to load .*{payload}'):
+        safe_load(str(path))
+    assert not marker.exists()
+
+
+def test_extract_drops_classification_head_and_ddp_prefix():
+    state = extract_backbone_state_dict(
+        {'model': {'module.layers.0.RoPE.angle': torch.zeros(2), 'module.head.weight': torch.zeros(1)}})
+    assert list(state) == ['layers.0.RoPE.angle']
