@@ -114,7 +114,7 @@ def test_attention_modules_work_on_their_own(module_cls):
     channels, heads = 32, 2
     attn = module_cls(channels, heads)
     x = torch.randn(2, channels, 9, 11)
-    rope = RoPE2d(channels // heads).tables(9, 11)
+    rope = RoPE2d(channels // heads)
     y = attn(x, rope)
     assert y.shape == x.shape and torch.isfinite(y).all()
     y.sum().backward()

@@ -5,10 +5,11 @@ q, k, v into the attention result, :func:`mala_attention` or :func:`softmax_atte
 """
 from typing import Optional, Tuple
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .rope import apply_rope
+from .rope import RoPE2d, apply_rope
 
 RopeTables = Optional[Tuple[Tensor, Tensor]]
 
@@ -19,6 +20,8 @@ def mala_attention(q: Tensor, k: Tensor, v: Tensor, rope: RopeTables = None, eps
     The effective score of query i on key j is ``beta_i * s_ij - gamma_i`` with
     ``s_ij = phi(q_i).phi(k_j) d^-1/2 / N``, ``z_i = sum_j s_ij``, ``beta_i = 1 + 1/z_i``, ``gamma_i = z_i / N``,
     so every row sums to one and a larger ``|phi(q_i)|`` gives a spikier row. The N x N matrix is never formed.
+    Under autocast the two matmuls run in low precision while ``z``, ``beta`` and the mean of v stay in fp32:
+    ``beta`` amplifies any error of ``z`` when ``z`` is small.
 
     Args:
         q, k, v: (B, h, N, d) per-head projections.
@@ -26,17 +29,20 @@ def mala_attention(q: Tensor, k: Tensor, v: Tensor, rope: RopeTables = None, eps
         eps: keeps ``1 / z`` finite.
 
     Returns:
-        (B, h, N, d).
+        (B, h, N, d) in the dtype of v.
     """
     num_tokens, head_dims = q.shape[-2:]
     scale = head_dims ** -0.5
-    q, k = F.elu(q) + 1, F.elu(k) + 1                                    # phi(q), phi(k)
-    z = scale * (q @ k.mean(dim=-2, keepdim=True).transpose(-2, -1))    # z_i = d^-1/2 phi(q_i).mean_j phi(k_j)
-    if rope is not None:                                                 # z keeps the un-rotated features
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-    kv = (scale / num_tokens) * (k.transpose(-2, -1) @ v)               # KV = d^-1/2 / N * sum_j k~_j^T v_j
-    beta = 1 + 1 / (z + eps)                                             # beta_i
-    return beta * (q @ kv) - z * v.mean(dim=-2, keepdim=True)            # - gamma_i sum_j v_j, gamma_i N = z_i
+    full = torch.promote_types(v.dtype, torch.float32)                         # precision of the normaliser
+    q, k = F.elu(q) + 1, F.elu(k) + 1                                          # phi(q), phi(k)
+    with torch.autocast(q.device.type, enabled=False):
+        z = scale * (q.to(full) @ k.to(full).mean(-2, keepdim=True).transpose(-2, -1))  # z_i, un-rotated
+        v_mean = v.to(full).mean(-2, keepdim=True)                                   # mean_j v_j
+    if rope is not None:
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)                        # q~, k~
+    kv = k.transpose(-2, -1) @ (v * (scale / num_tokens))  # KV = d^-1/2 / N sum_j k~_j^T v_j; scaled first for fp16
+    beta = 1 + 1 / (z + eps)                                                     # beta_i
+    return (beta * (q @ kv).to(full) - z * v_mean).to(v.dtype)                 # - gamma_i sum_j v_j (gamma_i N = z_i)
 
 
 def linear_attention(q: Tensor, k: Tensor, v: Tensor, rope: RopeTables = None, eps: float = 1e-6) -> Tensor:
@@ -93,8 +99,8 @@ class GatedAttention(nn.Module):
         """(B, h, N, d) q, k, v to the (B, h, N, d) attention result."""
         raise NotImplementedError
 
-    def forward(self, x: Tensor, rope: RopeTables = None) -> Tensor:
-        """x: (B, C, H, W); rope: (sin, cos) tables of shape (H * W, C / h) or None. Returns (B, C, H, W)."""
+    def forward(self, x: Tensor, rope: Optional[RoPE2d] = None) -> Tensor:
+        """x: (B, C, H, W); rope: the stage's RoPE (head width C / h), or None. Returns (B, C, H, W)."""
         batch, channels, height, width = x.shape
         q, k, v, o = self.qkvo(x).chunk(4, dim=1)
         lepe = self.lepe(v)
@@ -102,7 +108,8 @@ class GatedAttention(nn.Module):
         def split_heads(t: Tensor) -> Tensor:  # (B, C, H, W) -> (B, h, N, d)
             return t.reshape(batch, self.num_heads, -1, height * width).transpose(-2, -1)
 
-        y = self.attend(split_heads(q), split_heads(k), split_heads(v), rope)
+        tables = None if rope is None else rope.tables(height, width, dtype=q.dtype)
+        y = self.attend(split_heads(q), split_heads(k), split_heads(v), tables)
         y = y.transpose(-2, -1).reshape(batch, channels, height, width)
         return self.proj((y + lepe) * o)
 
