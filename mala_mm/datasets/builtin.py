@@ -28,7 +28,7 @@ SEG_CLASSES = ('background', ) + CLASSES
 SEG_PALETTE = [(0, 0, 0)] + PALETTE
 GENERATE_COMMAND = 'python tools/make_builtin_dataset.py --out {root}'
 MARKER = 'builtin_dataset.json'
-FORMAT_VERSION = 1  # bump when the drawing changes, so that old folders are regenerated
+FORMAT_VERSION = 3  # bump when the drawing changes, so that old folders are regenerated
 SPLITS = {'train': 'training', 'val': 'validation'}
 
 
@@ -60,7 +60,7 @@ def _coco_split(root: str, split: str, num_images: int, params: BuiltinDatasetPa
             label_map[obj['mask']] = obj['label'] + 1
             annotations.append(dict(
                 id=len(annotations) + 1, image_id=image_id, category_id=obj['label'] + 1,
-                segmentation=[np.round(obj['polygon'].ravel(), 2).tolist()],
+                segmentation=[obj['polygon'].ravel().tolist()],
                 area=float(mask_utils.area(obj['rle'])),
                 bbox=mask_utils.toBbox(obj['rle']).tolist(), iscrowd=0))
         cv2.imwrite(osp.join(root, 'annotations', ade_split, name + '.png'), label_map)

@@ -35,7 +35,9 @@ def polygon_rle(polygon: np.ndarray, height: int, width: int) -> dict:
 
 
 def _two_colors(rng: np.random.Generator) -> np.ndarray:
-    return rng.uniform(0, 255, size=(2, 3))
+    """A colour and a second one near it: textures vary, but less than a shape differs from them."""
+    first = rng.uniform(30, 225, 3)
+    return np.stack([first, (first + rng.uniform(-70, 70, 3)).clip(0, 255)])
 
 
 def background(rng: np.random.Generator, size: int) -> np.ndarray:
@@ -84,7 +86,8 @@ def draw_scene(rng: np.random.Generator, size: int, max_objects: int) -> Tuple[n
         for _attempt in range(20):
             radius = rng.uniform(0.09, 0.22) * size
             center = rng.uniform(radius, size - radius, 2)
-            polygon = shape_polygon(CLASSES[label], center, radius, rng.uniform(0, 2 * np.pi))
+            # rounded as the annotation file stores it, so that the file rasterises to these very pixels
+            polygon = np.round(shape_polygon(CLASSES[label], center, radius, rng.uniform(0, 2 * np.pi)), 2)
             rle = polygon_rle(polygon, size, size)
             mask = mask_utils.decode(rle).astype(bool)
             # a margin of a few pixels keeps the shapes apart, so that each mask is the whole shape
