@@ -1,0 +1,246 @@
+"""Every COCO / ADE20K config builds through its library's registry and runs; the release recipes hold."""
+import importlib
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from mmengine.config import Config
+from mmengine.optim import build_optim_wrapper
+from mmengine.registry import PARAM_SCHEDULERS, init_default_scope
+from torch import nn
+
+from mala_mm import MALA
+
+CONFIG_ROOT = Path(__file__).resolve().parents[1] / 'configs'
+LEAF_CONFIGS = sorted(
+    str(path.relative_to(CONFIG_ROOT)) for task in ('detection', 'segmentation')
+    for path in (CONFIG_ROOT / task).rglob('*.py')
+    if '_base_' not in path.parts and 'builtin' not in path.name)
+
+# variant letter -> (arch, drop path rate) of the release (spec section 3)
+VARIANTS = {'t': ('tiny', 0.1), 's': ('small', 0.15), 'b': ('base', 0.4), 'l': ('large', 0.55)}
+# building and running base / large models takes well over 10 s each on a small CPU
+SLOW_VARIANTS = ('b', 'l')
+IMAGE_SIZE = 128
+
+
+def variant_of(config: str) -> str:
+    return re.search(r'_mala_([tsbl])(?:_|\.py)', config).group(1)
+
+
+def load(config: str) -> Config:
+    return Config.fromfile(str(CONFIG_ROOT / config))
+
+
+def config_params():
+    for config in LEAF_CONFIGS:
+        marks = [pytest.mark.slow] if variant_of(config) in SLOW_VARIANTS else []
+        yield pytest.param(config, marks=marks, id=config)
+
+
+def test_every_paper_row_has_a_config():
+    expected = ([f'detection/mask_rcnn_mala_{v}.py' for v in 'tsbl']
+                + [f'detection/{m}_mala_{v}_3x.py' for m in ('mask_rcnn', 'cascade_mask_rcnn') for v in 'sbl']
+                + [f'detection/retinanet_mala_{v}.py' for v in 'tsbl']
+                + [f'segmentation/{m}_mala_{v}.py' for m in ('upernet', 'fpn') for v in 'tsbl'])
+    assert sorted(expected) == LEAF_CONFIGS
+
+
+def _flat_tensors(outputs):
+    if isinstance(outputs, torch.Tensor):
+        return [outputs]
+    return [t for item in outputs for t in _flat_tensors(item)]
+
+
+@pytest.mark.parametrize('config', list(config_params()))
+def test_config_builds_and_runs_in_tensor_mode(config, record_property):
+    cfg = load(config)
+    if 'rpn' in cfg.model.get('test_cfg', {}):
+        # the RoI heads' cost grows with the number of proposals (Cascade runs its mask heads on all of them)
+        cfg.model.test_cfg.rpn.max_per_img = 20
+    scope = cfg.default_scope
+    init_default_scope(scope)
+    model = importlib.import_module(f'{scope}.registry').MODELS.build(cfg.model).eval()
+    num_params = sum(p.numel() for p in model.parameters())
+    record_property('params', num_params)
+    print(f'\n{config}: {num_params / 1e6:.2f} M parameters')
+
+    arch, _ = VARIANTS[variant_of(config)]
+    assert isinstance(model.backbone, MALA)
+    assert model.backbone.embed_dims == MALA.arch_zoo[arch]['embed_dims']
+    assert isinstance(model.backbone.patch_embed.proj[1], nn.SyncBatchNorm)
+
+    size = (IMAGE_SIZE, IMAGE_SIZE)
+    metainfo = dict(img_shape=size, ori_shape=size, pad_shape=size, batch_input_shape=size, scale_factor=(1., 1.))
+    structures = importlib.import_module(f'{scope}.structures')
+    sample_type = structures.DetDataSample if scope == 'mmdet' else structures.SegDataSample
+    inputs = torch.randn(1, 3, *size)
+
+    features = []
+    feature_source = model.neck if scope == 'mmdet' else model.backbone
+    feature_source.register_forward_hook(lambda module, args, out: features.extend(out))
+    with torch.no_grad():
+        outputs = model(inputs, [sample_type(metainfo=metainfo)], mode='tensor')
+
+    tensors = _flat_tensors(outputs)
+    assert tensors and all(torch.isfinite(t).all() for t in tensors)
+    if scope == 'mmdet':
+        # five FPN levels of 256 channels, halving from stride 4 (Mask R-CNN) or 8 (RetinaNet, start_level=1)
+        first_stride = 4 * 2**cfg.model.neck.get('start_level', 0)
+        assert [tuple(f.shape) for f in features] == [
+            (1, 256, math.ceil(IMAGE_SIZE / (first_stride * 2**i)), math.ceil(IMAGE_SIZE / (first_stride * 2**i)))
+            for i in range(5)]
+    else:
+        assert [f.shape[1] for f in features] == MALA.arch_zoo[arch]['embed_dims']
+        assert outputs.shape == (1, 150, IMAGE_SIZE // 4, IMAGE_SIZE // 4)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# recipes (spec section 5)
+
+DETECTION_CONFIGS = [c for c in LEAF_CONFIGS if c.startswith('detection/')]
+SEGMENTATION_CONFIGS = [c for c in LEAF_CONFIGS if c.startswith('segmentation/')]
+
+
+@pytest.mark.parametrize('config', LEAF_CONFIGS)
+def test_backbone_settings(config):
+    cfg = load(config)
+    v = variant_of(config)
+    arch, drop_path = VARIANTS[v]
+    backbone = cfg.model.backbone
+    assert cfg.custom_imports == dict(imports=['mala_mm'], allow_failed_imports=False)
+    assert (backbone.type, backbone.arch, backbone.drop_path_rate) == ('MALA', arch, drop_path)
+    assert backbone.norm_cfg == dict(type='SyncBN', requires_grad=True) and backbone.norm_eval is False
+    assert cfg.pretrained == f'checkpoints/mala_{v}_in1k.pth'
+    assert backbone.init_cfg == dict(type='Pretrained', checkpoint=cfg.pretrained)
+    widths = MALA.arch_zoo[arch]['embed_dims']
+    if config.startswith('detection/') or '/fpn_' in config:
+        assert cfg.model.neck.in_channels == widths
+    else:
+        assert cfg.model.decode_head.in_channels == widths
+        assert cfg.model.auxiliary_head.in_channels == widths[2]
+
+
+@pytest.mark.parametrize('config', DETECTION_CONFIGS)
+def test_detection_recipe(config):
+    cfg = load(config)
+    three_x = config.endswith('_3x.py')
+    large_3x = three_x and variant_of(config) == 'l'
+    retinanet = 'retinanet' in config
+
+    optim = cfg.optim_wrapper
+    assert optim.type == 'AmpOptimWrapper' and optim.loss_scale == 'dynamic'
+    assert optim.paramwise_cfg == dict(norm_decay_mult=0.)
+    assert optim.optimizer == dict(type='AdamW', lr=2e-4 if large_3x else 4e-4, betas=(0.9, 0.999),
+                                   weight_decay=1e-4 if retinanet else 0.05)
+    warmup, steps = cfg.param_scheduler
+    assert warmup == dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=500)
+    assert cfg.train_cfg.max_epochs == (36 if three_x else 12)
+    assert (steps.type, steps.milestones, steps.gamma, steps.end) == (
+        'MultiStepLR', [27, 33] if three_x else [8, 11], 0.1, cfg.train_cfg.max_epochs)
+    assert cfg.train_dataloader.batch_size == (1 if large_3x else 2)
+    assert cfg.auto_scale_lr == dict(enable=False, base_batch_size=8 if large_3x else 16)
+    assert cfg.train_dataloader.dataset.data_root == 'data/coco/'
+
+    transforms = [t.type for t in cfg.train_dataloader.dataset.pipeline]
+    if three_x:
+        choice = next(t for t in cfg.train_dataloader.dataset.pipeline if t.type == 'RandomChoice')
+        short_sides = [(s, 1333) for s in range(480, 801, 32)]
+        assert choice.transforms[0][0].scales == short_sides
+        assert [t.type for t in choice.transforms[1]] == ['RandomChoiceResize', 'RandomCrop', 'RandomChoiceResize']
+        assert choice.transforms[1][0].scales == [(400, 1333), (500, 1333), (600, 1333)]
+        assert choice.transforms[1][1].crop_size == (384, 600)
+        assert choice.transforms[1][2].scales == short_sides
+    else:
+        resize = next(t for t in cfg.train_dataloader.dataset.pipeline if t.type == 'Resize')
+        assert resize.scale == (1333, 800) and 'RandomChoice' not in transforms
+    flip = next(t for t in cfg.train_dataloader.dataset.pipeline if t.type == 'RandomFlip')
+    assert flip.prob == 0.5
+
+
+@pytest.mark.parametrize('variant', 'sbl')
+def test_cascade_heads(variant):
+    heads = load(f'detection/cascade_mask_rcnn_mala_{variant}_3x.py').model.roi_head.bbox_head
+    assert len(heads) == 3
+    assert [h.bbox_coder.target_stds for h in heads] == [
+        [0.1, 0.1, 0.2, 0.2], [0.05, 0.05, 0.1, 0.1], [0.033, 0.033, 0.067, 0.067]]
+    for head in heads:
+        assert head.type == 'Shared4Conv1FCBBoxHead'
+        assert head.norm_cfg == dict(type='SyncBN', requires_grad=True)
+        assert head.reg_decoded_bbox is True
+        assert head.loss_bbox == dict(type='GIoULoss', loss_weight=10.0)
+
+
+@pytest.mark.parametrize('variant', 'tsbl')
+def test_retinanet_fpn_from_stage_2(variant):
+    cfg = load(f'detection/retinanet_mala_{variant}.py')
+    assert (cfg.model.neck.start_level, cfg.model.neck.add_extra_convs, cfg.model.neck.num_outs) == (
+        1, 'on_input', 5)
+    assert cfg.model.backbone.out_indices == (0, 1, 2, 3)
+    assert cfg.find_unused_parameters is True
+
+
+@pytest.mark.parametrize('config', SEGMENTATION_CONFIGS)
+def test_segmentation_recipe(config):
+    cfg = load(config)
+    upernet = '/upernet_' in config
+    large = variant_of(config) == 'l'
+    iters = 160000 if upernet else 80000
+
+    assert cfg.optim_wrapper.optimizer == dict(type='AdamW', lr=6e-5 if upernet else 1e-4, betas=(0.9, 0.999),
+                                               weight_decay=0.01 if upernet else 1e-4)
+    assert cfg.optim_wrapper.paramwise_cfg == dict(norm_decay_mult=0.)
+    assert cfg.train_cfg.max_iters == iters
+    poly = cfg.param_scheduler[-1]
+    assert (poly.type, poly.power, poly.eta_min, poly.begin, poly.end) == (
+        'PolyLR', 1.0 if upernet else 0.9, 0.0 if upernet else 1e-6, 0, iters)
+    if upernet:
+        assert cfg.param_scheduler[0] == dict(type='LinearLR', start_factor=1e-6, by_epoch=False, begin=0, end=1500)
+        assert cfg.model.decode_head.channels == 512
+        aux = cfg.model.auxiliary_head
+        assert (aux.type, aux.in_index, aux.loss_decode.loss_weight) == ('FCNHead', 2, 0.4)
+    else:
+        assert len(cfg.param_scheduler) == 1
+        assert (cfg.model.neck.out_channels, cfg.model.decode_head.channels) == (256, 128)
+    assert cfg.model.decode_head.num_classes == 150
+    assert cfg.train_dataloader.batch_size == (1 if large else 2)
+    assert cfg.auto_scale_lr == dict(enable=False, base_batch_size=8 if large else 16)
+    assert cfg.train_dataloader.dataset.data_root == 'data/ade/ADEChallengeData2016'
+    crop = next(t for t in cfg.train_dataloader.dataset.pipeline if t.type == 'RandomCrop')
+    assert crop.crop_size == (512, 512) and cfg.model.data_preprocessor.size == (512, 512)
+    assert [t.type for t in cfg.test_dataloader.dataset.pipeline if t.type in ('Resize', 'TestTimeAug')] == ['Resize']
+
+
+def test_upernet_lr_curve_matches_warmup_times_poly():
+    """The release's mmcv poly policy multiplied the poly lr by the warm-up factor; the chained schedulers do.
+
+    (mmengine schedulers reach their end value at ``end - 1``.)
+    """
+    cfg = load('segmentation/upernet_mala_t.py')
+    base_lr = cfg.optim_wrapper.optimizer.lr
+    optimizer = torch.optim.AdamW([nn.Parameter(torch.zeros(1))], lr=base_lr)
+    schedulers = [PARAM_SCHEDULERS.build(dict(s, optimizer=optimizer)) for s in cfg.param_scheduler]
+    expected = {}
+    for it in range(3001):
+        if it in (0, 750, 1500, 3000):
+            warmup = 1e-6 + (1 - 1e-6) * min(it, 1499) / 1499
+            expected[it] = (optimizer.param_groups[0]['lr'], base_lr * warmup * (1 - it / 159999))
+        for scheduler in schedulers:
+            scheduler.step()
+    for it, (lr, want) in expected.items():
+        assert lr == pytest.approx(want, rel=1e-6), it
+
+
+def test_no_weight_decay_on_norms():
+    cfg = load('detection/mask_rcnn_mala_s.py')
+    backbone = MALA('tiny')
+    # AmpOptimWrapper needs an accelerator; the parameter groups come from the same constructor
+    plain = {key: value for key, value in cfg.optim_wrapper.items() if key != 'loss_scale'}
+    wrapper = build_optim_wrapper(backbone, dict(plain, type='OptimWrapper'))
+    decay = {id(p): group['weight_decay'] for group in wrapper.optimizer.param_groups for p in group['params']}
+    norms = [m for m in backbone.modules() if isinstance(m, (nn.LayerNorm, nn.BatchNorm2d))]
+    assert norms and all(decay[id(p)] == 0 for m in norms for p in m.parameters())
+    assert decay[id(backbone.layers[0].blocks[0].attn.qkvo.weight)] == 0.05
+
