@@ -1,0 +1,95 @@
+"""The tools stop on bad input with one clear line and exit status 2, before any work starts."""
+import os
+import os.path as osp
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+TOOLS = osp.join(ROOT, 'tools')
+DET_CONFIG = osp.join(ROOT, 'configs/detection/mask_rcnn_mala_t_builtin.py')
+SEG_CONFIG = osp.join(ROOT, 'configs/segmentation/upernet_mala_t_builtin.py')
+
+
+def run_tool(args, cwd, **env):
+    """Run a tool as a user would; ``.py`` tools with this interpreter, ``.sh`` ones with PYTHON set to it."""
+    command = [sys.executable, *args] if args[0].endswith('.py') else ['bash', *args]
+    env = dict(os.environ, PYTHON=sys.executable, **env)
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize('tool', ['train.py', 'dist_train.sh'])
+def test_wrong_config_path(tool, tmp_path):
+    args = [osp.join(TOOLS, tool), 'configs/detection/no_such_config.py'] + (['2'] if tool.endswith('.sh') else [])
+    result = run_tool(args, cwd=tmp_path)
+    assert result.returncode == 2
+    assert "config file 'configs/detection/no_such_config.py' does not exist" in result.stderr
+
+
+@pytest.mark.parametrize('config', [DET_CONFIG, SEG_CONFIG])
+def test_missing_dataset_names_the_folder_and_the_command(config, tmp_path):
+    # run from an empty folder: the configs' data/builtin/ is relative to the working directory
+    result = run_tool([osp.join(TOOLS, 'train.py'), config], cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "dataset not found under 'data/builtin/'" in result.stderr
+    assert 'data/builtin/images/training' in result.stderr
+    assert 'python tools/make_builtin_dataset.py --out data/builtin' in result.stderr
+    assert 'Traceback' not in result.stderr
+
+
+def test_missing_dataset_through_the_launcher(tmp_path):
+    result = run_tool([osp.join(TOOLS, 'dist_test.sh'), DET_CONFIG, DET_CONFIG, '2'], cwd=tmp_path, PORT='29731')
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    # printed once, by the first process, not by each
+    assert output.count('python tools/make_builtin_dataset.py --out data/builtin') == 1
+
+
+def test_other_datasets_get_a_generic_hint(tmp_path):
+    result = run_tool([osp.join(TOOLS, 'train.py'), SEG_CONFIG, '--cfg-options',
+                       'train_dataloader.dataset.data_root=data/ade/', 'val_dataloader.dataset.data_root=data/ade/'],
+                      cwd=tmp_path)
+    assert result.returncode == 2
+    assert "dataset not found under 'data/ade/'" in result.stderr
+    assert 'dataset guides' in result.stderr and 'make_builtin_dataset' not in result.stderr
+
+
+@pytest.mark.parametrize('tool', ['dist_train.sh', 'dist_test.sh'])
+def test_more_processes_than_the_machine_has(tool, tmp_path):
+    too_many = str(len(os.sched_getaffinity(0)) + 1)  # no CUDA here: the limit is the CPU cores
+    args = [osp.join(TOOLS, tool), DET_CONFIG] + ([DET_CONFIG] if tool == 'dist_test.sh' else []) + [too_many]
+    result = run_tool(args, cwd=tmp_path)
+    assert result.returncode == 2
+    assert f'asked for {too_many} processes, but this machine has' in result.stderr
+    assert 'pass GPUS <=' in result.stderr
+
+
+def test_zero_processes(tmp_path):
+    result = run_tool([osp.join(TOOLS, 'dist_train.sh'), DET_CONFIG, '0'], cwd=tmp_path)
+    assert result.returncode == 2
+    assert "GPUS must be a positive number of processes, got '0'" in result.stderr
+
+
+def test_missing_checkpoints(tmp_path):
+    result = run_tool([osp.join(TOOLS, 'test.py'), SEG_CONFIG, 'no_such.pth'], cwd=tmp_path)
+    assert result.returncode == 2
+    assert "checkpoint 'no_such.pth' does not exist" in result.stderr
+    result = run_tool([osp.join(TOOLS, 'train.py'), SEG_CONFIG, '--resume', 'no_such.pth'], cwd=tmp_path)
+    assert result.returncode == 2
+    assert "--resume checkpoint 'no_such.pth' does not exist" in result.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='--amp is refused only without CUDA')
+def test_amp_without_cuda(tmp_path):
+    result = run_tool([osp.join(TOOLS, 'train.py'), SEG_CONFIG, '--amp'], cwd=tmp_path)
+    assert result.returncode == 2
+    assert '--amp needs a CUDA GPU' in result.stderr
+
+
+def test_benchmark_reports_speed(tmp_path):
+    result = run_tool([osp.join(TOOLS, 'benchmark.py'), SEG_CONFIG, '--shape', '64', '64', '--warmup', '1',
+                       '--iters', '2'], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert 'upernet_mala_t_builtin.py' in result.stdout and 'images/s' in result.stdout

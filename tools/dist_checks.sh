@@ -1,0 +1,40 @@
+# Checks shared by dist_train.sh and dist_test.sh, run before torchrun starts any process.
+PYTHON="${PYTHON:-python}"
+
+usage_error() { echo "error: $*" >&2; exit 2; }
+
+check_config() {
+    [[ -f "$1" ]] || usage_error "config file '$1' does not exist (see configs/detection and configs/segmentation)"
+}
+
+# With CUDA, at most one process per visible GPU; without it the processes run on CPU (gloo), and more
+# processes than cores would only make each one slower, so that is refused as well.
+check_process_count() {
+    [[ "$1" =~ ^[1-9][0-9]*$ ]] || usage_error "GPUS must be a positive number of processes, got '$1'"
+    "$PYTHON" - "$1" <<'PYCODE'
+import os, sys
+import torch
+wanted = int(sys.argv[1])
+if torch.cuda.is_available():
+    available, what = torch.cuda.device_count(), 'CUDA GPUs'
+else:
+    available, what = len(os.sched_getaffinity(0)), 'CPU cores and no CUDA GPU (on CPU: one process per core at most)'
+if wanted > available:
+    print(f'error: asked for {wanted} processes, but this machine has {available} {what}; '
+          f'pass GPUS <= {available}', file=sys.stderr)
+    sys.exit(2)
+PYCODE
+}
+
+# torchrun with the multi-node settings upstream's scripts read from the environment
+launch() {
+    local nproc="$1"; shift
+    PYTHONPATH="$(dirname "${BASH_SOURCE[0]}")/..${PYTHONPATH:+:$PYTHONPATH}" \
+    "$PYTHON" -m torch.distributed.run \
+        --nnodes="${NNODES:-1}" \
+        --node_rank="${NODE_RANK:-0}" \
+        --master_addr="${MASTER_ADDR:-127.0.0.1}" \
+        --nproc_per_node="$nproc" \
+        --master_port="${PORT:-29500}" \
+        "$@"
+}

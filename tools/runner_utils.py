@@ -1,0 +1,101 @@
+"""What tools/train.py and tools/test.py share: config loading, checks with clear messages, and the
+distributed set-up that also works without CUDA."""
+import importlib
+import os
+import os.path as osp
+import subprocess
+import sys
+
+import torch
+import torch.distributed as dist
+from mmengine.config import Config, DictAction
+
+SCOPES = ('mmdet', 'mmseg')  # the config's default_scope picks the library
+
+
+def is_main_process() -> bool:
+    return int(os.environ.get('RANK', os.environ.get('SLURM_PROCID', 0))) == 0
+
+
+def fail(message: str):
+    """Stop with a one-line message (printed once per job, not once per process) and exit status 2."""
+    if is_main_process():
+        print(f'error: {message}', file=sys.stderr)
+    raise SystemExit(2)
+
+
+def add_common_args(parser):
+    parser.add_argument('config', help='config file')
+    parser.add_argument('--work-dir', help='where logs and checkpoints go (default: work_dirs/<config name>)')
+    parser.add_argument(
+        '--cfg-options', nargs='+', action=DictAction,
+        help='override config entries, e.g. train_cfg.max_iters=100 "model.backbone.arch=small"')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm'], default='none')
+    # torchrun sets LOCAL_RANK in the environment; older launchers pass it as an argument
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+
+
+def load_config(args) -> Config:
+    """The config with the command line's overrides, its work_dir and launcher set."""
+    if not osp.isfile(args.config):
+        fail(f'config file {args.config!r} does not exist (see configs/detection and configs/segmentation)')
+    cfg = Config.fromfile(args.config)
+    if args.cfg_options:
+        cfg.merge_from_dict(args.cfg_options)
+    if cfg.get('default_scope') not in SCOPES:
+        fail(f'{args.config}: default_scope is {cfg.get("default_scope")!r}; these tools run configs whose '
+             f'default_scope is one of {SCOPES} (inherit mmdet::/mmseg::_base_/default_runtime.py)')
+    cfg.launcher = args.launcher
+    if args.work_dir:
+        cfg.work_dir = args.work_dir
+    elif cfg.get('work_dir') is None:
+        cfg.work_dir = osp.join('work_dirs', osp.splitext(osp.basename(args.config))[0])
+    return cfg
+
+
+def check_data(cfg, dataloaders):
+    from mala_mm.datasets import DatasetNotFoundError, check_data_paths
+    try:
+        check_data_paths(cfg, dataloaders)
+    except DatasetNotFoundError as err:
+        fail(str(err))
+
+
+def check_checkpoint(path: str, what: str = 'checkpoint'):
+    if not osp.isfile(path):
+        fail(f'{what} {path!r} does not exist')
+
+
+def _slurm_environment():
+    """RANK, WORLD_SIZE, MASTER_ADDR, ... of a process started by srun, as torchrun would set them."""
+    nodes = subprocess.getoutput(f'scontrol show hostname {os.environ["SLURM_NODELIST"]}').split()
+    os.environ.setdefault('MASTER_ADDR', nodes[0])
+    os.environ.setdefault('MASTER_PORT', '29500')
+    os.environ['RANK'] = os.environ['SLURM_PROCID']
+    os.environ['WORLD_SIZE'] = os.environ['SLURM_NTASKS']
+    os.environ['LOCAL_RANK'] = os.environ['SLURM_LOCALID']
+
+
+def setup_distributed(cfg):
+    """Without CUDA, start the gloo process group here, before the Runner (mmengine's own start-up selects a
+    CUDA device), and wrap the model in DDP without device ids. With CUDA the Runner does it all."""
+    if cfg.launcher == 'none' or torch.cuda.is_available():
+        return
+    if cfg.launcher == 'slurm':
+        _slurm_environment()
+    elif 'RANK' not in os.environ:
+        fail('--launcher pytorch needs the environment torchrun sets (RANK, WORLD_SIZE, ...): '
+             'start it with tools/dist_train.sh or tools/dist_test.sh')
+    dist.init_process_group(backend='gloo')
+    cfg.model_wrapper_cfg = dict(type='MMDistributedDataParallel', device_ids=None)
+
+
+def build_runner(cfg):
+    # torch >= 2.6 reads checkpoints as data only; mmengine's own checkpoints carry a few classes
+    from mala_mm.checkpoint import SAFE_GLOBALS
+    torch.serialization.add_safe_globals(SAFE_GLOBALS)
+    runners = importlib.import_module(f'{cfg.default_scope}.registry').RUNNERS
+    if 'runner_type' in cfg:
+        return runners.build(cfg)
+    from mmengine.runner import Runner
+    return Runner.from_cfg(cfg)

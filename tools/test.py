@@ -1,0 +1,62 @@
+"""Evaluate a checkpoint of a detector (mmdet config) or a segmentor (mmseg config) on its test set.
+
+    python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out PATH] [--show-dir DIR] [--cfg-options ...]
+    tools/dist_test.sh CONFIG CHECKPOINT GPUS [same options]
+"""
+import argparse
+
+from runner_utils import (add_common_args, build_runner, check_checkpoint, check_data, fail, load_config,
+                          setup_distributed)
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(parser)
+    parser.add_argument('checkpoint', help='checkpoint file')
+    parser.add_argument(
+        '--out', help='detection: a .pkl file to dump the predictions to; segmentation: a folder for the '
+        'predicted label maps (.png)')
+    parser.add_argument('--show', action='store_true', help='show the predictions in a window')
+    parser.add_argument('--show-dir', help='save pictures of the predictions under work_dir/<time>/SHOW_DIR')
+    parser.add_argument('--wait-time', type=float, default=2, help='seconds each picture is shown with --show')
+    return parser.parse_args()
+
+
+def enable_visualization(cfg, args):
+    hook = cfg.default_hooks.get('visualization')
+    if hook is None:
+        fail(f'{args.config} has no visualization hook in default_hooks, so --show/--show-dir cannot draw')
+    hook.update(draw=True, show=args.show, wait_time=args.wait_time)
+    if args.show_dir:
+        if cfg.default_scope == 'mmdet':
+            hook.test_out_dir = args.show_dir
+        else:
+            cfg.visualizer.save_dir = args.show_dir
+
+
+def dump_predictions(cfg, args):
+    if cfg.default_scope == 'mmdet':
+        if not args.out.endswith(('.pkl', '.pickle')):
+            fail(f'--out must be a .pkl file for a detection config, got {args.out!r}')
+        evaluators = cfg.test_evaluator if isinstance(cfg.test_evaluator, list) else [cfg.test_evaluator]
+        cfg.test_evaluator = [*evaluators, dict(type='DumpDetResults', out_file_path=args.out)]
+    else:
+        cfg.test_evaluator.update(output_dir=args.out, keep_results=True)
+
+
+def main():
+    args = parse_args()
+    cfg = load_config(args)
+    check_checkpoint(args.checkpoint)
+    cfg.load_from = args.checkpoint
+    if args.show or args.show_dir:
+        enable_visualization(cfg, args)
+    if args.out:
+        dump_predictions(cfg, args)
+    check_data(cfg, ('test_dataloader', ))
+    setup_distributed(cfg)
+    build_runner(cfg).test()
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,43 @@
+"""Train a detector (mmdet config) or a segmentor (mmseg config).
+
+    python tools/train.py CONFIG [--work-dir DIR] [--resume [CHECKPOINT]] [--amp] [--cfg-options K=V ...]
+    tools/dist_train.sh CONFIG GPUS [same options]      # several processes; works on CPU too (gloo)
+"""
+import argparse
+
+import torch
+
+from runner_utils import (add_common_args, build_runner, check_checkpoint, check_data, fail, load_config,
+                          setup_distributed)
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(parser)
+    parser.add_argument(
+        '--resume', nargs='?', const='auto',
+        help='resume from CHECKPOINT, or, without one, from the latest checkpoint in the work dir')
+    parser.add_argument('--amp', action='store_true', help='mixed precision training (needs CUDA)')
+    return parser.parse_args()
+
+
+def main():
+    args = parse_args()
+    cfg = load_config(args)
+    if args.amp:
+        if not torch.cuda.is_available():
+            fail('--amp needs a CUDA GPU (mmengine\'s AmpOptimWrapper); run without --amp on CPU')
+        cfg.optim_wrapper.type = 'AmpOptimWrapper'
+        cfg.optim_wrapper.loss_scale = 'dynamic'
+    if args.resume == 'auto':
+        cfg.resume, cfg.load_from = True, None
+    elif args.resume is not None:
+        check_checkpoint(args.resume, '--resume checkpoint')
+        cfg.resume, cfg.load_from = True, args.resume
+    check_data(cfg, ('train_dataloader', 'val_dataloader'))
+    setup_distributed(cfg)
+    build_runner(cfg).train()
+
+
+if __name__ == '__main__':
+    main()
