@@ -37,7 +37,7 @@ pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
 
 # torch >= 2.6 needs setuptools >= 77.0.3; mmcv's setup.py and mmengine's `mmdet::`/`mmseg::` base-config
 # resolution import pkg_resources, which setuptools 82 removed.
-pip_install "setuptools>=77.0.3,<82" wheel ninja
+pip_install "setuptools>=77.0.3,<82" wheel ninja numpy
 pip_install "$TORCH_SPEC"
 
 mmcv_works() {

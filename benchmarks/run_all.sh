@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Run every benchmark on one device (default: cuda if available, else cpu); tables and plots go to
+# benchmarks/results/<device>/. Extra arguments go to the backbone benchmark (e.g. --variants tiny small).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+PY="${PYTHON:-../.venv/bin/python}"
+DEVICE="${DEVICE:-$("$PY" -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")')}"
+export PYTHONPATH="$PWD/..${PYTHONPATH:+:$PYTHONPATH}"
+"$PY" attention_op.py --device "$DEVICE"
+"$PY" backbone.py --device "$DEVICE" "$@"
+"$PY" backbone.py --device "$DEVICE" --dtype bf16 --scaling-sides "$@"
+if "$PY" -c 'import mmcv.ops' 2>/dev/null; then
+    "$PY" dense_step.py --device "$DEVICE"
+else
+    echo "dense_step.py skipped: it needs mmdet/mmseg with mmcv's compiled ops"
+fi
