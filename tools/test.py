@@ -17,7 +17,9 @@ def parse_args():
         '--out', help='detection: a .pkl file to dump the predictions to; segmentation: a folder for the '
         'predicted label maps (.png)')
     parser.add_argument('--show', action='store_true', help='show the predictions in a window')
-    parser.add_argument('--show-dir', help='save pictures of the predictions under work_dir/<time>/SHOW_DIR')
+    parser.add_argument(
+        '--show-dir', help='save pictures of the predictions, as upstream does: detection under '
+        'WORK_DIR/<time>/SHOW_DIR, segmentation under SHOW_DIR/vis_data/vis_image')
     parser.add_argument('--wait-time', type=float, default=2, help='seconds each picture is shown with --show')
     return parser.parse_args()
 

@@ -28,17 +28,17 @@ SEG_CLASSES = ('background', ) + CLASSES
 SEG_PALETTE = [(0, 0, 0)] + PALETTE
 GENERATE_COMMAND = 'python tools/make_builtin_dataset.py --out {root}'
 MARKER = 'builtin_dataset.json'
-FORMAT_VERSION = 3  # bump when the drawing changes, so that old folders are regenerated
+FORMAT_VERSION = 4  # bump when the drawing changes, so that old folders are regenerated
 SPLITS = {'train': 'training', 'val': 'validation'}
 
 
 @dataclass(frozen=True)
 class BuiltinDatasetParams:
     seed: int = 0
-    image_size: int = 160
+    image_size: int = 128
     num_train: int = 400
     num_val: int = 64
-    max_objects: int = 4
+    max_objects: int = 3
 
     def as_record(self) -> dict:
         return dict(format_version=FORMAT_VERSION, **asdict(self))

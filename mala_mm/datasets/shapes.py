@@ -84,7 +84,7 @@ def draw_scene(rng: np.random.Generator, size: int, max_objects: int) -> Tuple[n
     for _ in range(int(rng.integers(1, max_objects + 1))):
         label = int(rng.integers(len(CLASSES)))
         for _attempt in range(20):
-            radius = rng.uniform(0.09, 0.22) * size
+            radius = rng.uniform(0.13, 0.26) * size
             center = rng.uniform(radius, size - radius, 2)
             # rounded as the annotation file stores it, so that the file rasterises to these very pixels
             polygon = np.round(shape_polygon(CLASSES[label], center, radius, rng.uniform(0, 2 * np.pi)), 2)

@@ -5,7 +5,7 @@ data_root = 'data/builtin/'
 metainfo = dict(
     classes=('background', 'circle', 'square', 'triangle', 'star'),
     palette=[(0, 0, 0), (220, 20, 60), (0, 128, 255), (60, 180, 75), (255, 180, 0)])
-image_size = (160, 160)
+image_size = (128, 128)
 
 train_pipeline = [
     dict(type='LoadImageFromFile'),

@@ -1,0 +1,57 @@
+# MALA-T Mask R-CNN on the built-in shapes dataset: a from-scratch run that learns visibly within minutes on
+# CPU (2 processes, gloo) — a check of the whole pipeline, not a recipe for COCO.
+_base_ = [
+    'mmdet::_base_/models/mask-rcnn_r50_fpn.py',
+    './_base_/datasets/builtin_instance.py',
+    'mmdet::_base_/default_runtime.py',
+]
+custom_imports = dict(imports=['mala_mm'], allow_failed_imports=False)
+
+model = dict(
+    data_preprocessor=dict(pad_size_divisor=32),
+    backbone=dict(
+        _delete_=True,
+        type='MALA',
+        arch='tiny',
+        drop_path_rate=0.0,  # short from-scratch schedule: regularisation only slows it down
+        out_indices=(0, 1, 2, 3),
+        norm_cfg=dict(type='BN', requires_grad=True),  # SyncBN does not run on CPU tensors
+        init_cfg=None),
+    # heads narrower than COCO's: at this resolution they, the mask head above all, would cost more than
+    # the backbone
+    neck=dict(in_channels=[64, 128, 256, 512], out_channels=128),
+    rpn_head=dict(in_channels=128, feat_channels=128, anchor_generator=dict(scales=[4])),  # objects: 33-67 px
+    roi_head=dict(
+        bbox_roi_extractor=dict(out_channels=128),
+        bbox_head=dict(in_channels=128, fc_out_channels=512, num_classes=4),
+        mask_roi_extractor=dict(out_channels=128),
+        mask_head=dict(in_channels=128, num_convs=2, conv_out_channels=64, num_classes=4)),
+    # a few shapes per image need far fewer proposals and samples than COCO
+    train_cfg=dict(
+        rpn=dict(sampler=dict(num=64)),
+        rpn_proposal=dict(nms_pre=500, max_per_img=200),
+        rcnn=dict(sampler=dict(num=64))),
+    test_cfg=dict(
+        rpn=dict(nms_pre=300, max_per_img=100),
+        rcnn=dict(max_per_img=20)))
+
+max_iters = 500
+train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=max_iters)
+val_cfg = dict(type='ValLoop')
+test_cfg = dict(type='TestLoop')
+
+optim_wrapper = dict(
+    type='OptimWrapper',
+    optimizer=dict(type='AdamW', lr=1e-3, betas=(0.9, 0.999), weight_decay=0.05),
+    paramwise_cfg=dict(norm_decay_mult=0.0),
+    clip_grad=dict(max_norm=10.0))
+param_scheduler = [
+    dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=50),
+    dict(type='CosineAnnealingLR', by_epoch=False, begin=50, end=max_iters, eta_min=1e-5),
+]
+
+default_hooks = dict(
+    logger=dict(type='LoggerHook', interval=10),
+    checkpoint=dict(type='CheckpointHook', by_epoch=False, interval=max_iters, max_keep_ckpts=2))
+log_processor = dict(window_size=10, by_epoch=False)
+randomness = dict(seed=0)  # reproducible runs of the demo
