@@ -25,7 +25,7 @@ def explicit_mala_scores(q, k, rope=None):
     fq, fk = phi(q), phi(k)
     z = scale * fq @ fk.mean(-2, keepdim=True).transpose(-2, -1)          # (B, h, N, 1)
     if rope is not None:
-        fq, fk = apply_rope(fq, *rope), apply_rope(fk, *rope)
+        fq, fk = apply_rope(fq, rope), apply_rope(fk, rope)
     s = scale * fq @ fk.transpose(-2, -1) / fq.shape[-2]                  # s_ij
     beta, gamma = 1 + 1 / (z + 1e-6), z / fq.shape[-2]
     return beta * s - gamma
@@ -90,23 +90,32 @@ def test_scaling_phi_q_sharpens_mala_but_not_linear_attention(qkv):
 
 def test_softmax_attention_equals_explicit_softmax(qkv, rope):
     q, k, v = qkv
-    rq, rk = apply_rope(q, *rope), apply_rope(k, *rope)
+    rq, rk = apply_rope(q, rope), apply_rope(k, rope)
     explicit = torch.softmax(rq @ rk.transpose(-2, -1) * D ** -0.5, dim=-1) @ v
     torch.testing.assert_close(softmax_attention(q, k, v, rope), explicit)
 
 
 def test_rope_is_a_rotation_by_row_and_column_angles():
-    rope = RoPE2d(D).double()
-    sin, cos = rope.tables(H, W, dtype=torch.float64)
-    assert sin.shape == cos.shape == (N, D)
+    rotation = RoPE2d(D).double().tables(H, W, dtype=torch.float64)
+    assert rotation.shape == (N, D // 2) and rotation.dtype == torch.complex128
     theta = 1 / 10000 ** torch.linspace(0, 1, D // 4, dtype=torch.float64)
     token = 2 * W + 3                                                       # row 2, column 3
-    expected = torch.cat([2 * theta.repeat_interleave(2), 3 * theta.repeat_interleave(2)])
-    torch.testing.assert_close(sin[token], expected.sin())
+    angles = torch.cat([2 * theta.repeat_interleave(2), 3 * theta.repeat_interleave(2)])
     x = torch.randn(N, D, dtype=torch.float64)
-    # a rotation keeps the norm of every channel pair
+    # RoPE(x) = x * cos + rot(x) * sin, rot: (x_2m, x_2m+1) -> (-x_2m+1, x_2m)
+    rot = torch.stack([-x[:, 1::2], x[:, 0::2]], dim=-1).flatten(-2)
+    expected = x[token] * angles.cos() + rot[token] * angles.sin()
+    torch.testing.assert_close(apply_rope(x, rotation)[token], expected)
     pair_norm = lambda t: t.unflatten(-1, (-1, 2)).norm(dim=-1)
-    torch.testing.assert_close(pair_norm(apply_rope(x, sin, cos)), pair_norm(x))
+    torch.testing.assert_close(pair_norm(apply_rope(x, rotation)), pair_norm(x))
+
+
+def test_rope_keeps_low_precision_dtypes():
+    rotation = RoPE2d(D).tables(H, W, dtype=torch.bfloat16)
+    x = torch.randn(2, N, D)
+    rotated = apply_rope(x.bfloat16(), rotation)
+    assert rotated.dtype == torch.bfloat16
+    torch.testing.assert_close(rotated.float(), apply_rope(x, rotation), rtol=2e-2, atol=2e-2)
 
 
 @pytest.mark.parametrize('module_cls', [MALAttention, SoftmaxAttention])
@@ -133,7 +142,7 @@ def relative_error(ours, reference):
 
 def test_mala_under_bf16_autocast_stays_close_to_fp32(rope):
     q, k, v = (torch.randn(2, 2, N, D) for _ in range(3))
-    rope32 = tuple(t.float() for t in rope)
+    rope32 = rope.to(torch.complex64)
     reference = mala_attention(q, k, v, rope32)
     with torch.autocast('cpu', dtype=torch.bfloat16):
         low = mala_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), rope32)

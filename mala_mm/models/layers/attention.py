@@ -3,7 +3,7 @@
 Both share one skeleton (:class:`GatedAttention`); they differ only in the function that turns per-head
 q, k, v into the attention result, :func:`mala_attention` or :func:`softmax_attention`.
 """
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from .rope import RoPE2d, apply_rope
 
-RopeTables = Optional[Tuple[Tensor, Tensor]]
+RopeTables = Optional[Tensor]  # (N, d/2) complex rotations from RoPE2d.tables
 
 
 def mala_attention(q: Tensor, k: Tensor, v: Tensor, rope: RopeTables = None, eps: float = 1e-6) -> Tensor:
@@ -25,7 +25,7 @@ def mala_attention(q: Tensor, k: Tensor, v: Tensor, rope: RopeTables = None, eps
 
     Args:
         q, k, v: (B, h, N, d) per-head projections.
-        rope: (sin, cos) tables of shape (N, d), or None for no rotation.
+        rope: (N, d/2) complex rotations from :meth:`RoPE2d.tables`, or None for no rotation.
         eps: keeps ``1 / z`` finite.
 
     Returns:
@@ -39,7 +39,7 @@ def mala_attention(q: Tensor, k: Tensor, v: Tensor, rope: RopeTables = None, eps
         z = scale * (q.to(full) @ k.to(full).mean(-2, keepdim=True).transpose(-2, -1))  # z_i, un-rotated
         v_mean = v.to(full).mean(-2, keepdim=True)                                   # mean_j v_j
     if rope is not None:
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)                        # q~, k~
+        q, k = apply_rope(q, rope), apply_rope(k, rope)                        # q~, k~
     kv = k.transpose(-2, -1) @ (v * (scale / num_tokens))  # KV = d^-1/2 / N sum_j k~_j^T v_j; scaled first for fp16
     beta = 1 + 1 / (z + eps)                                                     # beta_i
     return (beta * (q @ kv).to(full) - z * v_mean).to(v.dtype)                 # - gamma_i sum_j v_j (gamma_i N = z_i)
@@ -51,12 +51,12 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, rope: RopeTables = None, e
     The reference MALA improves on; the norm of ``phi(q_i)`` cancels between numerator and denominator.
 
     Args:
-        q, k, v: (B, h, N, d); rope: (sin, cos) tables of shape (N, d) or None.
+        q, k, v: (B, h, N, d); rope: (N, d/2) complex rotations or None.
     """
     q, k = F.elu(q) + 1, F.elu(k) + 1
     denominator = q @ k.sum(dim=-2, keepdim=True).transpose(-2, -1)     # (B, h, N, 1)
     if rope is not None:
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        q, k = apply_rope(q, rope), apply_rope(k, rope)
     return (q @ (k.transpose(-2, -1) @ v)) / (denominator + eps)
 
 
@@ -64,10 +64,10 @@ def softmax_attention(q: Tensor, k: Tensor, v: Tensor, rope: RopeTables = None) 
     """``softmax(d^-1/2 q~ k~^T) v`` on RoPE-rotated raw q, k; fused kernels, no N x N matrix where available.
 
     Args:
-        q, k, v: (B, h, N, d); rope: (sin, cos) tables of shape (N, d) or None.
+        q, k, v: (B, h, N, d); rope: (N, d/2) complex rotations or None.
     """
     if rope is not None:
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        q, k = apply_rope(q, rope), apply_rope(k, rope)
     return F.scaled_dot_product_attention(q, k, v)
 
 

@@ -1,28 +1,23 @@
 """Two-dimensional rotary position embedding (RoPE) as MALA uses it."""
-from typing import Dict, Tuple
+from typing import Dict
 
 import torch
 from torch import Tensor, nn
 
 
-def rotate_pairs(x: Tensor) -> Tensor:
-    """Map each channel pair ``(x_2m, x_2m+1)`` to ``(-x_2m+1, x_2m)``.
-
-    Args:
-        x: (..., d) with d even.
-    """
-    pairs = x.unflatten(-1, (-1, 2))
-    return torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
-
-
-def apply_rope(x: Tensor, sin: Tensor, cos: Tensor) -> Tensor:
-    """``RoPE(x) = x * cos + rot(x) * sin``.
+def apply_rope(x: Tensor, rotation: Tensor) -> Tensor:
+    """``RoPE(x) = x * cos + rot(x) * sin``, with ``rot`` mapping each channel pair ``(x_2m, x_2m+1)`` to
+    ``(-x_2m+1, x_2m)``: the pair is the complex number ``x_2m + i x_2m+1`` multiplied by ``cos + i sin``.
 
     Args:
         x: (..., N, d) features of N tokens.
-        sin, cos: (N, d) tables from :meth:`RoPE2d.tables`.
+        rotation: (N, d/2) complex unit numbers from :meth:`RoPE2d.tables`.
+
+    Returns:
+        (..., N, d) in the dtype of x.
     """
-    return x * cos + rotate_pairs(x) * sin
+    pairs = torch.view_as_complex(x.to(rotation.real.dtype).contiguous().unflatten(-1, (-1, 2)))
+    return torch.view_as_real(pairs * rotation).flatten(-2).to(x.dtype)
 
 
 class RoPE2d(nn.Module):
@@ -30,7 +25,7 @@ class RoPE2d(nn.Module):
 
     With ``F = d / 4`` base frequencies ``theta_f = 10000 ** -(f / (F - 1))`` each repeated twice,
     ``a = [theta_0, theta_0, theta_1, theta_1, ...]`` (length d/2), the token at row r and column c is
-    rotated by the angles ``concat(r * a, c * a)`` (length d).
+    rotated by the angles ``concat(r * a, c * a)`` (length d; channel pairs share an angle).
 
     The buffer is named ``angle`` and is kept in the state dict because the released checkpoints store it
     (as ``layers.{i}.RoPE.angle``).
@@ -48,14 +43,15 @@ class RoPE2d(nn.Module):
         self.register_buffer('angle', theta.repeat_interleave(2))
         # Tables depend only on (H, W, device, dtype) and `angle`; feature maps of a stage keep their size
         # through a forward pass and often across passes, so each size is computed once.
-        self._tables: Dict[tuple, Tuple[Tensor, Tensor]] = {}
+        self._tables: Dict[tuple, Tensor] = {}
 
     @property
     def head_dims(self) -> int:
         return 2 * self.angle.numel()
 
-    def tables(self, height: int, width: int, dtype: torch.dtype = torch.float32) -> Tuple[Tensor, Tensor]:
-        """Return ``(sin, cos)``, each (height * width, d), for tokens flattened row-major."""
+    def tables(self, height: int, width: int, dtype: torch.dtype = torch.float32) -> Tensor:
+        """Return the (height * width, d / 2) complex rotations of tokens flattened row-major, in complex128 for
+        float64 features and complex64 otherwise."""
         key = (height, width, self.angle.device, dtype)
         if key not in self._tables:
             if len(self._tables) >= 8:  # bounded: multi-scale training sees many sizes
@@ -65,8 +61,9 @@ class RoPE2d(nn.Module):
             cols = torch.arange(width, device=angle.device, dtype=angle.dtype)
             row_angles = (rows[:, None] * angle).unsqueeze(1).expand(height, width, -1)
             col_angles = (cols[:, None] * angle).unsqueeze(0).expand(height, width, -1)
-            angles = torch.cat((row_angles, col_angles), dim=-1).flatten(0, 1)
-            self._tables[key] = (angles.sin().to(dtype), angles.cos().to(dtype))
+            angles = torch.cat((row_angles, col_angles), dim=-1).flatten(0, 1)[:, 0::2]  # one angle per pair
+            angles = angles.to(torch.promote_types(dtype, torch.float32))
+            self._tables[key] = torch.polar(torch.ones_like(angles), angles)
         return self._tables[key]
 
     def _load_from_state_dict(self, *args, **kwargs):
