@@ -1,6 +1,7 @@
 """The tools stop on bad input with one clear line and exit status 2, before any work starts."""
 import os
 import os.path as osp
+import socket
 import subprocess
 import sys
 
@@ -11,6 +12,12 @@ ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 TOOLS = osp.join(ROOT, 'tools')
 DET_CONFIG = osp.join(ROOT, 'configs/detection/mask_rcnn_mala_t_builtin.py')
 SEG_CONFIG = osp.join(ROOT, 'configs/segmentation/upernet_mala_t_builtin.py')
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return str(s.getsockname()[1])
 
 
 def run_tool(args, cwd, **env):
@@ -40,7 +47,7 @@ def test_missing_dataset_names_the_folder_and_the_command(config, tmp_path):
 
 
 def test_missing_dataset_through_the_launcher(tmp_path):
-    result = run_tool([osp.join(TOOLS, 'dist_test.sh'), DET_CONFIG, DET_CONFIG, '2'], cwd=tmp_path, PORT='29731')
+    result = run_tool([osp.join(TOOLS, 'dist_test.sh'), DET_CONFIG, DET_CONFIG, '2'], cwd=tmp_path, PORT=free_port())
     assert result.returncode != 0
     output = result.stdout + result.stderr
     # printed once, by the first process, not by each

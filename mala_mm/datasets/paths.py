@@ -29,14 +29,15 @@ def _paths(dataset_cfg: dict) -> Iterator[str]:
             yield osp.join(root, prefix)
 
 
+def _leaf_datasets(cfg, dataloaders) -> List[dict]:
+    return [leaf for key in dataloaders if cfg.get(key) is not None for leaf in _dataset_cfgs(cfg[key]['dataset'])]
+
+
 def missing_data_paths(cfg, dataloaders=('train_dataloader', 'val_dataloader', 'test_dataloader')) -> List[str]:
     """Annotation files and image/label folders named by ``cfg``'s dataloaders that do not exist."""
     missing = []
-    for key in dataloaders:
-        if cfg.get(key) is None:
-            continue
-        for dataset_cfg in _dataset_cfgs(cfg[key]['dataset']):
-            missing += [p for p in _paths(dataset_cfg) if not osp.exists(p) and p not in missing]
+    for dataset_cfg in _leaf_datasets(cfg, dataloaders):
+        missing += [p for p in _paths(dataset_cfg) if not osp.exists(p) and p not in missing]
     return missing
 
 
@@ -45,15 +46,15 @@ def check_data_paths(cfg, dataloaders=('train_dataloader', 'val_dataloader', 'te
     missing = missing_data_paths(cfg, dataloaders)
     if not missing:
         return
-    roots = sorted({cfg_root for key in dataloaders if cfg.get(key) is not None
-                    for d in _dataset_cfgs(cfg[key]['dataset']) for cfg_root in [d.get('data_root') or '.']})
+    roots = sorted({d.get('data_root') or '.' for d in _leaf_datasets(cfg, dataloaders)})
+    # the built-in dataset can be made on the spot; any other has to be downloaded
     builtin_roots = [root for root in roots if 'builtin' in osp.basename(osp.normpath(root))]
     if builtin_roots:
-        how = 'generate it with: ' + ' && '.join(GENERATE_COMMAND.format(root=osp.normpath(root))
-                                                  for root in builtin_roots)
+        how = 'generate it with: ' + ' && '.join(
+            GENERATE_COMMAND.format(root=osp.normpath(root)) for root in builtin_roots)
     else:
         how = ('download and prepare the dataset as the MMDetection/MMSegmentation dataset guides describe, '
                'or point the config at it, e.g. --cfg-options train_dataloader.dataset.data_root=PATH')
+    shown = ', '.join(missing[:4]) + (f' and {len(missing) - 4} more' if len(missing) > 4 else '')
     raise DatasetNotFoundError(
-        f'dataset not found under {", ".join(map(repr, roots))}: missing ' + ', '.join(missing[:4])
-        + (f' and {len(missing) - 4} more' if len(missing) > 4 else '') + f'. To fix it, {how}')
+        f'dataset not found under {", ".join(map(repr, roots))}: missing {shown}. To fix it, {how}')
