@@ -100,3 +100,9 @@ def test_benchmark_reports_speed(tmp_path):
                        '--iters', '2'], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert 'upernet_mala_t_builtin.py' in result.stdout and 'images/s' in result.stdout
+
+
+def test_auto_scale_lr_needs_a_base_batch_size(tmp_path):
+    result = run_tool([osp.join(TOOLS, 'train.py'), DET_CONFIG, '--auto-scale-lr'], cwd=tmp_path)
+    assert result.returncode == 2
+    assert 'has no auto_scale_lr.base_batch_size' in result.stderr

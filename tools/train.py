@@ -18,6 +18,8 @@ def parse_args():
         '--resume', nargs='?', const='auto',
         help='resume from CHECKPOINT, or, without one, from the latest checkpoint in the work dir')
     parser.add_argument('--amp', action='store_true', help='mixed precision training (needs CUDA)')
+    parser.add_argument('--auto-scale-lr', action='store_true',
+                        help="scale the lr by the total batch size over the config's auto_scale_lr.base_batch_size")
     return parser.parse_args()
 
 
@@ -29,6 +31,10 @@ def main():
             fail('--amp needs a CUDA GPU (mmengine\'s AmpOptimWrapper); run without --amp on CPU')
         cfg.optim_wrapper.type = 'AmpOptimWrapper'
         cfg.optim_wrapper.loss_scale = 'dynamic'
+    if args.auto_scale_lr:
+        if 'base_batch_size' not in cfg.get('auto_scale_lr', {}):
+            fail(f'--auto-scale-lr: {args.config} has no auto_scale_lr.base_batch_size to scale from')
+        cfg.auto_scale_lr.enable = True
     if args.resume == 'auto':
         cfg.resume, cfg.load_from = True, None
     elif args.resume is not None:
