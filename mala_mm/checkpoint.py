@@ -70,15 +70,18 @@ def safe_load(filename: str, map_location='cpu'):
         with torch.serialization.safe_globals(SAFE_GLOBALS):
             return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
-        reason = next((line.strip() for line in str(err).splitlines() if 'Unsupported global' in line or
-                       'refused' in line), str(err).splitlines()[-1])
+        reason = next((line.strip() for line in str(err).splitlines()
+                       if 'Unsupported global' in line or 'refused' in line), None)
+        if reason is None:  # not a pickle the allow-list turned down, but no pickle at all
+            raise CheckpointError(f'cannot read checkpoint {filename!r}: it is truncated or not a PyTorch '
+                                  f'checkpoint ({str(err).splitlines()[-1]})') from None
         raise CheckpointError(
             f'refused to load {filename!r}: its pickle needs something outside the allow-list of plain data, '
             f'so nothing of it was run ({reason}). Convert it to a tensor-only state dict where it was made, or, '
             f'if you trust it, allow the class with torch.serialization.add_safe_globals.') from None
-    except (RuntimeError, EOFError, ValueError) as err:
+    except Exception as err:  # the unpickler fails in many ways on bytes that are not a checkpoint
         raise CheckpointError(f'cannot read checkpoint {filename!r}: it is truncated or not a PyTorch '
-                              f'checkpoint ({err})') from None
+                              f'checkpoint ({type(err).__name__}: {err})') from None
 
 
 def extract_backbone_state_dict(checkpoint, prefix: Optional[str] = None) -> Dict[str, torch.Tensor]:

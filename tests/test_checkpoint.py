@@ -126,6 +126,10 @@ def test_missing_and_truncated_files_are_clear_errors(tmp_path, small_arch):
     truncated.write_bytes(open(DET_CKPT, 'rb').read()[:100_000])
     with pytest.raises(CheckpointError, match='truncated'):
         safe_load(str(truncated))
+    junk = tmp_path / 'notes.pth'
+    junk.write_bytes(b'these are not weights\n' * 10)
+    with pytest.raises(CheckpointError, match='not a PyTorch checkpoint'):
+        safe_load(str(junk))
 
 
 class _WritesAFile:
