@@ -91,7 +91,8 @@ def workspace(tmp_path_factory):
 
 def test_detection_trains_evaluates_and_learns(workspace):
     work_dir = workspace / 'work_dirs' / 'mask_rcnn_mala_t_builtin'
-    output = run(['dist_train.sh', DET_CONFIG, NPROC, *short_schedule(DET_ITERS)], workspace)
+    output = run(['dist_train.sh', DET_CONFIG, NPROC, *short_schedule(DET_ITERS),
+                  f'param_scheduler.1.milestones=[{DET_ITERS * 4 // 5}]'], workspace)
     assert 'Distributed training: True' in output
     assert re.search(rf'Iter\(train\) \[{DET_ITERS}/{DET_ITERS}\].*eta', output)
     checkpoint = work_dir / f'iter_{DET_ITERS}.pth'
@@ -102,10 +103,10 @@ def test_detection_trains_evaluates_and_learns(workspace):
     untrained = metrics(run(['dist_test.sh', DET_CONFIG, initial_checkpoint(DET_CONFIG, str(work_dir / 'init.pth')),
                              NPROC], workspace), names)
     print(f'detection after {DET_ITERS} iterations: {trained}; at initialisation: {untrained}')
-    # from scratch, a few hundred iterations only start to find the shapes: the margins are small in
-    # absolute terms, yet many times what an untrained (or mislabelled) model scores
+    # from scratch, a few hundred iterations only start to find the shapes (0.077 box and 0.044 mask AP50
+    # were measured): small in absolute terms, yet many times what an untrained or mislabelled model scores
     assert untrained['coco/bbox_mAP_50'] < 0.005
-    assert trained['coco/bbox_mAP_50'] > untrained['coco/bbox_mAP_50'] + 0.02
+    assert trained['coco/bbox_mAP_50'] > untrained['coco/bbox_mAP_50'] + 0.04
     assert trained['coco/segm_mAP_50'] > untrained['coco/segm_mAP_50'] + 0.02
 
     picture = workspace / 'demo_det.png'
@@ -125,9 +126,9 @@ def test_segmentation_trains_evaluates_learns_and_resumes(workspace):
     untrained = metrics(run(['dist_test.sh', SEG_CONFIG, initial_checkpoint(SEG_CONFIG, str(work_dir / 'init.pth')),
                              NPROC], workspace), ['mIoU', 'aAcc'])
     print(f'segmentation after {SEG_ITERS} iterations: {trained}; at initialisation: {untrained}')
-    # a model that learnt only the class prior labels everything background; it must do better than that
-    assert trained['mIoU'] > background_only_miou(workspace) + 3.0
-    assert trained['mIoU'] > untrained['mIoU'] + 10.0
+    # a model that learnt only the class prior labels everything background (about 17 mIoU); 86.6 was measured
+    assert trained['mIoU'] > background_only_miou(workspace) + 40.0
+    assert trained['mIoU'] > untrained['mIoU'] + 40.0
 
     # resume from the checkpoint (optimizer, scheduler and message hub included) and go on
     output = run(['dist_train.sh', SEG_CONFIG, NPROC, '--resume', str(checkpoint),

@@ -35,9 +35,11 @@ def polygon_rle(polygon: np.ndarray, height: int, width: int) -> dict:
 
 
 def _two_colors(rng: np.random.Generator) -> np.ndarray:
-    """A colour and a second one near it: textures vary, but less than a shape differs from them."""
-    first = rng.uniform(30, 225, 3)
-    return np.stack([first, (first + rng.uniform(-70, 70, 3)).clip(0, 255)])
+    """Two muted colours near each other: backgrounds vary in texture and tint but stay less saturated than
+    the shapes, whose colour carries part of their class."""
+    gray = rng.uniform(40, 215)
+    first = (gray + rng.uniform(-25, 25, 3)).clip(0, 255)
+    return np.stack([first, (first + rng.uniform(-60, 60) + rng.uniform(-10, 10, 3)).clip(0, 255)])
 
 
 def background(rng: np.random.Generator, size: int) -> np.ndarray:
@@ -63,12 +65,13 @@ def background(rng: np.random.Generator, size: int) -> np.ndarray:
     return a + (b - a) * t[..., None]
 
 
-def shape_fill(rng: np.random.Generator, size: int, avoid: np.ndarray) -> np.ndarray:
-    """A shaded fill colour (size, size, 3) at least a clear distance away from the colour ``avoid``."""
-    for _ in range(50):
-        color = rng.uniform(0, 255, 3)
-        if np.abs(color - avoid).sum() > 150:
-            break
+def shape_fill(rng: np.random.Generator, size: int, label: int) -> np.ndarray:
+    """A shaded (size, size, 3) fill around the class's colour, jittered per object.
+
+    Colour and outline both tell the classes apart, so that a from-scratch model learns them within a few
+    hundred iterations; the jitter and shading keep it from being a colour lookup alone.
+    """
+    color = np.array(PALETTE[label][::-1], dtype=np.float32) + rng.uniform(-30, 30, 3)  # BGR, as cv2 writes
     ys, xs = np.mgrid[0:size, 0:size].astype(np.float32) / size
     direction = rng.uniform(0, 2 * np.pi)
     shading = 40 * (xs * np.cos(direction) + ys * np.sin(direction) - 0.5)
@@ -95,7 +98,7 @@ def draw_scene(rng: np.random.Generator, size: int, max_objects: int) -> Tuple[n
                 break
         else:
             continue
-        image[mask] = shape_fill(rng, size, image[mask].mean(axis=0))[mask]
+        image[mask] = shape_fill(rng, size, label)[mask]
         occupied |= mask
         objects.append(dict(label=label, polygon=polygon, rle=rle, mask=mask))
     image += rng.normal(0, rng.uniform(2, 12), image.shape)
