@@ -18,9 +18,10 @@ CACHE="${MALA_MM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mala_mm}"
 
 log() { printf '[setup_env] %s\n' "$*" >&2; }
 
-# Everything that decides what gets installed; a change in any of it triggers a new install pass.
+# Everything that decides what gets installed (not where mmcv comes from); a change in any of it triggers a new
+# install pass.
 stamp_inputs() {
-    printf '%s\n' "$TORCH_SPEC" "$MMCV_VERSION" "${MMCV_WHEEL_DIR:-}"
+    printf '%s\n' "$TORCH_SPEC" "$MMCV_VERSION"
     cat "$ROOT/setup.py" "$ROOT/tools/setup_env.sh"
 }
 STAMP="$VENV/.mala_mm_setup"
