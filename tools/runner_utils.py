@@ -90,6 +90,13 @@ def setup_distributed(cfg):
     cfg.model_wrapper_cfg = dict(type='MMDistributedDataParallel', device_ids=None)
 
 
+def teardown_distributed():
+    """Close the process group before the interpreter exits: gloo's threads, torn down while still running,
+    abort the process ('terminate called without an active exception') after the work is done."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def build_runner(cfg):
     # torch >= 2.6 reads checkpoints as data only; mmengine's own checkpoints carry a few classes
     from mala_mm.checkpoint import SAFE_GLOBALS

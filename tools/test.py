@@ -6,7 +6,7 @@
 import argparse
 
 from runner_utils import (add_common_args, build_runner, check_checkpoint, check_data, fail, load_config,
-                          setup_distributed)
+                          setup_distributed, teardown_distributed)
 
 
 def parse_args():
@@ -57,7 +57,10 @@ def main():
         dump_predictions(cfg, args)
     check_data(cfg, ('test_dataloader', ))
     setup_distributed(cfg)
-    build_runner(cfg).test()
+    try:
+        build_runner(cfg).test()
+    finally:
+        teardown_distributed()
 
 
 if __name__ == '__main__':

@@ -8,7 +8,7 @@ import argparse
 import torch
 
 from runner_utils import (add_common_args, build_runner, check_checkpoint, check_data, fail, load_config,
-                          setup_distributed)
+                          setup_distributed, teardown_distributed)
 
 
 def parse_args():
@@ -42,7 +42,10 @@ def main():
         cfg.resume, cfg.load_from = True, args.resume
     check_data(cfg, ('train_dataloader', 'val_dataloader'))
     setup_distributed(cfg)
-    build_runner(cfg).train()
+    try:
+        build_runner(cfg).train()
+    finally:
+        teardown_distributed()
 
 
 if __name__ == '__main__':
