@@ -11,10 +11,10 @@ from torch import Tensor, nn
 
 from .rope import RoPE2d, apply_rope
 
-RopeTables = Optional[Tensor]  # (N, d/2) complex rotations from RoPE2d.tables
+Rotations = Optional[Tensor]  # (N, d/2) complex rotations from RoPE2d.tables, or None
 
 
-def mala_attention(q: Tensor, k: Tensor, v: Tensor, rope: RopeTables = None, eps: float = 1e-6) -> Tensor:
+def mala_attention(q: Tensor, k: Tensor, v: Tensor, rope: Rotations = None, eps: float = 1e-6) -> Tensor:
     """Magnitude-aware linear attention in O(N d^2).
 
     The effective score of query i on key j is ``beta_i * s_ij - gamma_i`` with
@@ -45,7 +45,7 @@ def mala_attention(q: Tensor, k: Tensor, v: Tensor, rope: RopeTables = None, eps
     return (beta * (q @ kv).to(full) - z * v_mean).to(v.dtype)                 # - gamma_i sum_j v_j (gamma_i N = z_i)
 
 
-def linear_attention(q: Tensor, k: Tensor, v: Tensor, rope: RopeTables = None, eps: float = 1e-6) -> Tensor:
+def linear_attention(q: Tensor, k: Tensor, v: Tensor, rope: Rotations = None, eps: float = 1e-6) -> Tensor:
     """Plain (magnitude-blind) linear attention ``phi(q~) (sum_j phi(k~_j)^T v_j) / (phi(q) sum_m phi(k_m)^T)``.
 
     The reference MALA improves on; the norm of ``phi(q_i)`` cancels between numerator and denominator.
@@ -60,7 +60,7 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, rope: RopeTables = None, e
     return (q @ (k.transpose(-2, -1) @ v)) / (denominator + eps)
 
 
-def softmax_attention(q: Tensor, k: Tensor, v: Tensor, rope: RopeTables = None) -> Tensor:
+def softmax_attention(q: Tensor, k: Tensor, v: Tensor, rope: Rotations = None) -> Tensor:
     """``softmax(d^-1/2 q~ k~^T) v`` on RoPE-rotated raw q, k; fused kernels, no N x N matrix where available.
 
     Args:
@@ -95,7 +95,7 @@ class GatedAttention(nn.Module):
         self.proj = nn.Conv2d(embed_dims, embed_dims, 1)
 
     @staticmethod
-    def attend(q: Tensor, k: Tensor, v: Tensor, rope: RopeTables) -> Tensor:
+    def attend(q: Tensor, k: Tensor, v: Tensor, rope: Rotations) -> Tensor:
         """(B, h, N, d) q, k, v to the (B, h, N, d) attention result."""
         raise NotImplementedError
 
