@@ -2,6 +2,8 @@
 
 Every checkpoint is read with ``torch.load(weights_only=True)``; the only classes its pickle may build are
 those in :data:`SAFE_GLOBALS`, which the released and mmengine checkpoints legitimately carry.
+:func:`use_safe_loading` makes mmengine's own loading (``load_from``, ``resume``, any ``Pretrained`` init) do
+the same.
 """
 import argparse
 import logging
@@ -13,6 +15,7 @@ from urllib.parse import urlparse
 import numpy as np
 import torch
 from mmengine.logging import HistoryBuffer
+from mmengine.runner import CheckpointLoader
 from torch import nn
 
 _numpy_core = getattr(np, '_core', None) or np.core  # renamed in numpy 2
@@ -43,7 +46,12 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be read, or that does not fit the model."""
 
 
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """A checkpoint path that names no file."""
+
+
 def _local_path(filename: str) -> str:
+    filename = os.path.expanduser(filename)
     if urlparse(filename).scheme in ('http', 'https'):
         cache_dir = os.path.join(torch.hub.get_dir(), 'checkpoints')
         path = os.path.join(cache_dir, os.path.basename(urlparse(filename).path))
@@ -53,7 +61,7 @@ def _local_path(filename: str) -> str:
             os.replace(path + '.part', path)
         return path
     if not os.path.isfile(filename):
-        raise FileNotFoundError(f'checkpoint {filename!r} does not exist; pass a file path or an http(s) URL')
+        raise CheckpointNotFoundError(f'checkpoint {filename!r} does not exist; pass a file path or an http(s) URL')
     return filename
 
 
@@ -61,7 +69,7 @@ def safe_load(filename: str, map_location='cpu'):
     """``torch.load`` a local file or URL as data only.
 
     Raises:
-        FileNotFoundError: no such file.
+        CheckpointNotFoundError: no such file (a FileNotFoundError).
         CheckpointError: the file is truncated or not a checkpoint, or its pickle asks for a class that is
             not in :data:`SAFE_GLOBALS` (nothing of it is executed).
     """
@@ -142,3 +150,14 @@ def load_backbone_weights(model: nn.Module, filename: str, prefix: Optional[str]
         logger.warning(f'keys missing from the checkpoint, left at their initialisation: {missing}')
     if unexpected:
         logger.warning(f'checkpoint keys the model does not have, ignored: {unexpected}')
+
+
+def use_safe_loading() -> None:
+    """Make mmengine read every checkpoint as :func:`safe_load` does.
+
+    Local files (``load_from``, ``resume``, ``init_cfg=dict(type='Pretrained')`` of any model) go through
+    :func:`safe_load` and its clear errors; URLs keep mmengine's loader, whose ``torch.load`` allows
+    :data:`SAFE_GLOBALS` too. Without this, torch >= 2.6 refuses mmengine's own checkpoints on resume.
+    """
+    torch.serialization.add_safe_globals(SAFE_GLOBALS)
+    CheckpointLoader.register_scheme(prefixes='', loader=safe_load, force=True)

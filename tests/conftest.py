@@ -1,8 +1,12 @@
 import os
+import socket
+import subprocess
+import sys
 
 import pytest
 import torch
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Release-format checkpoint of a small arch with the release code's outputs, and the release's key layouts.
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data')
 OFFICIAL_LAYOUT_DIR = os.path.join(DATA_DIR, 'official_layout')
@@ -19,3 +23,18 @@ def small_arch():
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+def free_port() -> str:
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return str(s.getsockname()[1])
+
+
+def run_tool(args, cwd, timeout=1800, **env) -> subprocess.CompletedProcess:
+    """Run ``tools/<args[0]>`` as a user would: ``.py`` tools with this interpreter, ``.sh`` ones with PYTHON set
+    to it; distributed runs get a free port."""
+    tool = os.path.join(ROOT, 'tools', args[0])
+    command = [sys.executable, tool, *args[1:]] if tool.endswith('.py') else ['bash', tool, *args[1:]]
+    env = dict(os.environ, PYTHON=sys.executable, PORT=free_port(), **env)
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)

@@ -98,11 +98,23 @@ def teardown_distributed():
 
 
 def build_runner(cfg):
-    # torch >= 2.6 reads checkpoints as data only; mmengine's own checkpoints carry a few classes
-    from mala_mm.checkpoint import SAFE_GLOBALS
-    torch.serialization.add_safe_globals(SAFE_GLOBALS)
+    # also for configs without custom_imports: registers MALA and its hooks, and makes mmengine read
+    # checkpoints as data only (torch >= 2.6 refuses mmengine's own checkpoints otherwise)
+    import mala_mm  # noqa: F401
     runners = importlib.import_module(f'{cfg.default_scope}.registry').RUNNERS
     if 'runner_type' in cfg:
         return runners.build(cfg)
     from mmengine.runner import Runner
     return Runner.from_cfg(cfg)
+
+
+def run_runner(cfg, action: str):
+    """``build_runner(cfg).<action>()``; a checkpoint that cannot be read or does not fit stops the tool with
+    the reason, not a traceback from inside the runner."""
+    from mala_mm.checkpoint import CheckpointError
+    try:
+        getattr(build_runner(cfg), action)()
+    except CheckpointError as err:
+        fail(str(err))
+    finally:
+        teardown_distributed()

@@ -5,8 +5,8 @@
 """
 import argparse
 
-from runner_utils import (add_common_args, build_runner, check_checkpoint, check_data, fail, load_config,
-                          setup_distributed, teardown_distributed)
+from runner_utils import (add_common_args, check_checkpoint, check_data, fail, load_config,
+                          run_runner, setup_distributed)
 
 
 def parse_args():
@@ -57,10 +57,7 @@ def main():
         dump_predictions(cfg, args)
     check_data(cfg, ('test_dataloader', ))
     setup_distributed(cfg)
-    try:
-        build_runner(cfg).test()
-    finally:
-        teardown_distributed()
+    run_runner(cfg, 'test')
 
 
 if __name__ == '__main__':

@@ -7,8 +7,8 @@ import argparse
 
 import torch
 
-from runner_utils import (add_common_args, build_runner, check_checkpoint, check_data, fail, load_config,
-                          setup_distributed, teardown_distributed)
+from runner_utils import (add_common_args, check_checkpoint, check_data, fail, load_config,
+                          run_runner, setup_distributed)
 
 
 def parse_args():
@@ -17,7 +17,8 @@ def parse_args():
     parser.add_argument(
         '--resume', nargs='?', const='auto',
         help='resume from CHECKPOINT, or, without one, from the latest checkpoint in the work dir')
-    parser.add_argument('--amp', action='store_true', help='mixed precision training (needs CUDA)')
+    parser.add_argument('--amp', action='store_true',
+                        help='mixed precision: fp16 with a dynamic loss scale on CUDA, bfloat16 on CPU')
     parser.add_argument('--auto-scale-lr', action='store_true',
                         help="scale the lr by the total batch size over the config's auto_scale_lr.base_batch_size")
     return parser.parse_args()
@@ -27,10 +28,12 @@ def main():
     args = parse_args()
     cfg = load_config(args)
     if args.amp:
-        if not torch.cuda.is_available():
-            fail('--amp needs a CUDA GPU (mmengine\'s AmpOptimWrapper); run without --amp on CPU')
-        cfg.optim_wrapper.type = 'AmpOptimWrapper'
-        cfg.optim_wrapper.loss_scale = 'dynamic'
+        if torch.cuda.is_available():
+            cfg.optim_wrapper.update(type='AmpOptimWrapper', loss_scale='dynamic')
+        else:
+            cfg.optim_wrapper.type = 'CPUAmpOptimWrapper'
+            for cuda_only in ('loss_scale', 'dtype'):  # bfloat16 needs no loss scale
+                cfg.optim_wrapper.pop(cuda_only, None)
     if args.auto_scale_lr:
         if 'base_batch_size' not in cfg.get('auto_scale_lr', {}):
             fail(f'--auto-scale-lr: {args.config} has no auto_scale_lr.base_batch_size to scale from')
@@ -42,10 +45,7 @@ def main():
         cfg.resume, cfg.load_from = True, args.resume
     check_data(cfg, ('train_dataloader', 'val_dataloader'))
     setup_distributed(cfg)
-    try:
-        build_runner(cfg).train()
-    finally:
-        teardown_distributed()
+    run_runner(cfg, 'train')
 
 
 if __name__ == '__main__':

@@ -58,6 +58,8 @@ param_scheduler = [
 
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=10),
-    checkpoint=dict(type='CheckpointHook', by_epoch=False, interval=max_iters, max_keep_ckpts=2))
+    checkpoint=dict(type='AtomicCheckpointHook', by_epoch=False, interval=max_iters, max_keep_ckpts=2))
 log_processor = dict(window_size=10, by_epoch=False)
-randomness = dict(seed=0)  # reproducible runs of the demo
+# reproducible runs; a run killed and resumed ends with the weights of an uninterrupted one
+randomness = dict(seed=0)
+custom_hooks = [dict(type='IterationSeedHook')]

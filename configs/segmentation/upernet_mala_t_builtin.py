@@ -44,8 +44,10 @@ default_hooks = dict(
     timer=dict(type='IterTimerHook'),
     logger=dict(type='LoggerHook', interval=10, log_metric_by_epoch=False),
     param_scheduler=dict(type='ParamSchedulerHook'),
-    checkpoint=dict(type='CheckpointHook', by_epoch=False, interval=max_iters, max_keep_ckpts=2),
+    checkpoint=dict(type='AtomicCheckpointHook', by_epoch=False, interval=max_iters, max_keep_ckpts=2),
     sampler_seed=dict(type='DistSamplerSeedHook'),
     visualization=dict(type='SegVisualizationHook'))
 log_processor = dict(window_size=10, by_epoch=False)
-randomness = dict(seed=0)  # reproducible runs of the demo
+# reproducible runs; a run killed and resumed ends with the weights of an uninterrupted one
+randomness = dict(seed=0)
+custom_hooks = [dict(type='IterationSeedHook')]

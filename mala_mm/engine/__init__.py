@@ -1,0 +1,5 @@
+"""Training-time parts: hooks that let a killed run resume exactly, and mixed precision on CPU."""
+from .hooks import AtomicCheckpointHook, IterationSeedHook
+from .optim_wrapper import CPUAmpOptimWrapper
+
+__all__ = ['AtomicCheckpointHook', 'IterationSeedHook', 'CPUAmpOptimWrapper']
