@@ -14,14 +14,25 @@ from .rope import RoPE2d, apply_rope
 Rotations = Optional[Tensor]  # (N, d/2) complex rotations from RoPE2d.tables, or None
 
 
+def _power_of_two_above(x: Tensor) -> Tensor:
+    """``2^e`` with ``x = m 2^e``, ``1/2 <= m < 1`` (1 where x is 0): dividing by it is exact in every float format."""
+    x = x.detach()
+    return torch.ldexp(torch.ones_like(x), torch.frexp(x).exponent)
+
+
 def mala_attention(q: Tensor, k: Tensor, v: Tensor, rope: Rotations = None, eps: float = 1e-6) -> Tensor:
     """Magnitude-aware linear attention in O(N d^2).
 
     The effective score of query i on key j is ``beta_i * s_ij - gamma_i`` with
     ``s_ij = phi(q_i).phi(k_j) d^-1/2 / N``, ``z_i = sum_j s_ij``, ``beta_i = 1 + 1/z_i``, ``gamma_i = z_i / N``,
     so every row sums to one and a larger ``|phi(q_i)|`` gives a spikier row. The N x N matrix is never formed.
-    Under autocast the two matmuls run in low precision while ``z``, ``beta`` and the mean of v stay in fp32:
-    ``beta`` amplifies any error of ``z`` when ``z`` is small.
+
+    Under autocast, or with fp16/bf16 inputs, only the two matmuls run in low precision; ``phi``, ``z``, ``beta``
+    and the mean of v are computed in fp32. ``beta`` amplifies any error of ``z`` when ``z`` is small, and
+    ``elu(x) + 1`` computed in bf16 is 0 for x below about -6 where it should be ``e^x``. The matmul operands are
+    scaled by powers of two to about unit size (per query, per head of keys, per value channel) and the product
+    scaled back in fp32, so fp16 neither overflows nor underflows in between; powers of two are exact, so the
+    fp32 result is unchanged.
 
     Args:
         q, k, v: (B, h, N, d) per-head projections.
@@ -33,16 +44,24 @@ def mala_attention(q: Tensor, k: Tensor, v: Tensor, rope: Rotations = None, eps:
     """
     num_tokens, head_dims = q.shape[-2:]
     scale = head_dims ** -0.5
-    full = torch.promote_types(v.dtype, torch.float32)                         # precision of the normaliser
-    q, k = F.elu(q) + 1, F.elu(k) + 1                                          # phi(q), phi(k)
+    dtype, full = v.dtype, torch.promote_types(v.dtype, torch.float32)     # of the matmuls, of the normaliser
     with torch.autocast(q.device.type, enabled=False):
-        z = scale * (q.to(full) @ k.to(full).mean(-2, keepdim=True).transpose(-2, -1))  # z_i, un-rotated
-        v_mean = v.to(full).mean(-2, keepdim=True)                                   # mean_j v_j
-    if rope is not None:
-        q, k = apply_rope(q, rope), apply_rope(k, rope)                        # q~, k~
-    kv = k.transpose(-2, -1) @ (v * (scale / num_tokens))  # KV = d^-1/2 / N sum_j k~_j^T v_j; scaled first for fp16
+        q, k, v = F.elu(q.to(full)) + 1, F.elu(k.to(full)) + 1, v.to(full)  # phi(q), phi(k)
+        z = scale * (q @ k.mean(-2, keepdim=True).transpose(-2, -1))         # z_i, un-rotated
+        v_mean = v.mean(-2, keepdim=True)                                    # mean_j v_j
+        v = v * (scale / num_tokens)                                         # KV is d^-1/2 / N sum_j k~_j^T v_j
+        # max |q_i| and max |k| become about 1, max |v| about N^-1/2: KV, a sum of N products, stays below N^1/2
+        q_unit = _power_of_two_above(q.amax(-1, keepdim=True))
+        k_unit = _power_of_two_above(k.amax((-2, -1), keepdim=True))
+        v_unit = _power_of_two_above(v.abs().amax(-2, keepdim=True) * num_tokens ** 0.5)
+        q, k, v = q / q_unit, k / k_unit, v / v_unit
+        if rope is not None:
+            q, k = apply_rope(q, rope), apply_rope(k, rope)                  # q~, k~
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    kv = k.transpose(-2, -1) @ v                                                 # KV / (k_unit v_unit)
     beta = 1 + 1 / (z + eps)                                                     # beta_i
-    return (beta * (q @ kv).to(full) - z * v_mean).to(v.dtype)                 # - gamma_i sum_j v_j (gamma_i N = z_i)
+    qkv = (q @ kv).to(full) * (q_unit * k_unit * v_unit)                       # q~_i KV at the scale of the inputs
+    return (beta * qkv - z * v_mean).to(dtype)                                 # - gamma_i sum_j v_j (gamma_i N = z_i)
 
 
 def linear_attention(q: Tensor, k: Tensor, v: Tensor, rope: Rotations = None, eps: float = 1e-6) -> Tensor:

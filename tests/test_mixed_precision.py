@@ -1,0 +1,153 @@
+"""MALA attention under bf16 and fp16 autocast against its exact formula in fp64.
+
+An error is the largest absolute deviation over the largest absolute value of the reference, and a tolerance is
+a multiple of the format's machine epsilon (bf16 2^-7, fp16 2^-10). Outputs whose exact value exceeds fp16's
+range (65504) or lies below its smallest number (6e-8) cannot be represented in fp16; such cases run in bf16 only
+or are checked for finiteness alone, as noted where they occur.
+"""
+import copy
+
+import pytest
+import torch
+
+from mala_mm.models.layers import MALAttention, RoPE2d, mala_attention
+
+LOW_PRECISIONS = [torch.bfloat16, torch.float16]
+NAMES = {torch.bfloat16: 'bf16', torch.float16: 'fp16'}
+FP16_MAX = torch.finfo(torch.float16).max
+
+# A few roundings of the low-precision matmuls' operands and results.
+GENERAL = 4
+# Where every query weighs the keys alike, y_i = (1 + z_i) A_i - z_i mean(v) with the attention average
+# A_i ~ mean(v) and z_i ~ d^1/2 = 4: the first term, rounded in low precision, is about 1 + z_i times y_i.
+UNIFORM = 8
+
+B, HEADS, H, W, D = 2, 2, 8, 8, 16
+N = H * W
+
+
+def relative_error(ours, reference):
+    """max |ours - reference| / max |reference|; the absolute error where the reference is all zero."""
+    error = (ours.double() - reference.double()).abs().max().item()
+    scale = reference.double().abs().max().item()
+    return error / scale if scale else error
+
+
+def tolerance(dtype, epsilons):
+    return epsilons * torch.finfo(dtype).eps
+
+
+def randn(*shape):
+    return torch.randn(*shape) if shape else torch.randn(B, HEADS, N, D)
+
+
+def constant_tokens(x):
+    return x[..., :1, :].expand_as(x)
+
+
+# Each builds q, k, v in fp32, the map size and the tolerance in machine epsilons.
+ATTENTION_CASES = {
+    'random': lambda: (randn(), randn(), randn(), (H, W), GENERAL),
+    'q, k, v x 1e-4': lambda: (1e-4 * randn(), 1e-4 * randn(), 1e-4 * randn(), (H, W), UNIFORM),
+    'q, k, v x 1e4': lambda: (1e4 * randn(), 1e4 * randn(), 1e4 * randn(), (H, W), GENERAL),  # y ~ 1e11
+    'q x 1e-4': lambda: (1e-4 * randn(), randn(), randn(), (H, W), GENERAL),
+    'k x 1e-4': lambda: (randn(), 1e-4 * randn(), randn(), (H, W), GENERAL),
+    'v x 1e-4': lambda: (randn(), randn(), 1e-4 * randn(), (H, W), GENERAL),
+    'q x 1e4': lambda: (1e4 * randn(), randn(), randn(), (H, W), GENERAL),
+    'k x 1e4': lambda: (randn(), 1e4 * randn(), randn(), (H, W), GENERAL),
+    'v x 1e4': lambda: (randn(), randn(), 1e4 * randn(), (H, W), GENERAL),
+    # phi(q) ~ 6e-6: z ~ 1e-5 is near eps and beta = 1 + 1 / (z + eps) ~ 1e5
+    'q near -12': lambda: (randn() - 12, randn(), randn(), (H, W), GENERAL),
+    # z from ~1 down to far below eps, where a row's weights sum to z / (z + eps) instead of 1
+    'q in [-30, 0]': lambda: (-30 * torch.rand(B, HEADS, N, D), randn(), randn(), (H, W), GENERAL),
+    'k near -12': lambda: (randn(), randn() - 12, randn(), (H, W), GENERAL),
+    'constant tokens': lambda: (*(constant_tokens(randn()) for _ in range(3)), (H, W), UNIFORM),
+    'q, k zero': lambda: (torch.zeros(B, HEADS, N, D), torch.zeros(B, HEADS, N, D), randn(), (H, W), UNIFORM),
+    'one token': lambda: (randn(B, HEADS, 1, D), randn(B, HEADS, 1, D), randn(B, HEADS, 1, D), (1, 1), UNIFORM),
+    # sum_j k_j^T v_j over 128^2 tokens is far beyond fp16's range
+    '128 x 128 tokens': lambda: (randn(1, 1, 128 * 128, 32), randn(1, 1, 128 * 128, 32),
+                                 40 + randn(1, 1, 128 * 128, 32), (128, 128), GENERAL),
+}
+BEYOND_FP16 = {'q, k, v x 1e4'}
+
+
+@pytest.mark.parametrize('dtype,case', [pytest.param(dtype, case, id=f'{NAMES[dtype]}-{case}')
+                                        for dtype in LOW_PRECISIONS for case in ATTENTION_CASES
+                                        if not (dtype is torch.float16 and case in BEYOND_FP16)])
+def test_mala_attention_in_low_precision_matches_exact_formula(dtype, case):
+    q, k, v, (height, width), epsilons = ATTENTION_CASES[case]()
+    q, k, v = (t.to(dtype) for t in (q, k, v))  # as autocast's projections hand them over
+    # the exact formula on the same rounded inputs: the tolerance measures the arithmetic alone
+    rope = RoPE2d(q.shape[-1])
+    reference = mala_attention(q.double(), k.double(), v.double(),
+                               copy.deepcopy(rope).double().tables(height, width, torch.float64))
+    with torch.autocast('cpu', dtype=dtype):
+        low = mala_attention(q, k, v, rope.tables(height, width, dtype))
+    assert low.dtype == dtype and torch.isfinite(low).all()
+    assert relative_error(low, reference) < tolerance(dtype, epsilons)
+
+
+@pytest.mark.parametrize('dtype', LOW_PRECISIONS, ids=NAMES.get)
+def test_mala_attention_of_all_zero_inputs_is_exactly_zero(dtype):
+    zeros = torch.zeros(B, HEADS, N, D, dtype=dtype)
+    with torch.autocast('cpu', dtype=dtype):
+        y = mala_attention(zeros, zeros, zeros, RoPE2d(D).tables(H, W, dtype))
+    assert torch.equal(y, torch.zeros_like(y))
+
+
+def test_fp16_autocast_keeps_outputs_beyond_fp16_range_accurate_in_fp32():
+    # fp32 inputs keep the output in fp32; the fp16 matmuls in between see operands of unit scale
+    q, k, v = (1e4 * randn() for _ in range(3))
+    rope = RoPE2d(D)
+    reference = mala_attention(q.double(), k.double(), v.double(),
+                               copy.deepcopy(rope).double().tables(H, W, torch.float64))
+    assert reference.abs().max() > 1e3 * FP16_MAX
+    with torch.autocast('cpu', dtype=torch.float16):
+        low = mala_attention(q, k, v, rope.tables(H, W, torch.float16))
+    assert low.dtype == torch.float32
+    assert relative_error(low, reference) < tolerance(torch.float16, GENERAL)
+
+
+@pytest.mark.parametrize('case', ['random', 'q, k, v x 1e-4', 'q near -12', 'q in [-30, 0]'])
+@pytest.mark.parametrize('dtype', LOW_PRECISIONS, ids=NAMES.get)
+def test_mala_attention_gradients_in_low_precision_match_exact_formula(dtype, case):
+    # d beta / d z = -1 / z^2 is ~1e10 for queries near -12: the gradient must pass through it in fp32
+    q, k, v, (height, width), epsilons = ATTENTION_CASES[case]()
+    rope = RoPE2d(D)
+    weights = randn()
+    low_inputs = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+    exact_inputs = [t.detach().double().requires_grad_() for t in low_inputs]
+    with torch.autocast('cpu', dtype=dtype):
+        low = mala_attention(*low_inputs, rope.tables(height, width, dtype))
+    (low.float() * weights).sum().backward()
+    exact = mala_attention(*exact_inputs, copy.deepcopy(rope).double().tables(height, width, torch.float64))
+    (exact * weights.double()).sum().backward()
+    for ours, reference in zip(low_inputs, exact_inputs):
+        assert torch.isfinite(ours.grad).all()
+        assert relative_error(ours.grad, reference.grad) < tolerance(dtype, epsilons)
+
+
+# The module's output grows as the cube of its input (q, k and v are each linear in it).
+MODULE_INPUTS = {
+    'random': lambda x: x,
+    'x 1e-4': lambda x: 1e-4 * x,
+    'x 1e4': lambda x: 1e4 * x,  # outputs ~1e14
+    'constant': lambda x: x[..., :1, :1].expand_as(x),
+    'zero': torch.zeros_like,
+}
+
+
+@pytest.mark.parametrize('dtype,case', [pytest.param(dtype, case, id=f'{NAMES[dtype]}-{case}')
+                                        for dtype in LOW_PRECISIONS for case in MODULE_INPUTS
+                                        if not (dtype is torch.float16 and case == 'x 1e4')])
+def test_mala_attention_module_under_autocast_matches_fp64(dtype, case):
+    channels, heads = 32, 2
+    attn = MALAttention(channels, heads)
+    x = MODULE_INPUTS[case](torch.randn(2, channels, 9, 11))
+    with torch.no_grad():
+        reference = copy.deepcopy(attn).double()(x.double(), RoPE2d(channels // heads).double())
+        with torch.autocast('cpu', dtype=dtype):
+            low = attn(x, RoPE2d(channels // heads))
+    assert low.dtype == dtype and torch.isfinite(low).all()
+    assert relative_error(low, reference) < tolerance(dtype, UNIFORM)
+
