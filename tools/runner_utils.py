@@ -10,6 +10,8 @@ import torch
 import torch.distributed as dist
 from mmengine.config import Config, DictAction
 
+from config_check import config_problems
+
 SCOPES = ('mmdet', 'mmseg')  # the config's default_scope picks the library
 
 
@@ -45,6 +47,9 @@ def load_config(args) -> Config:
     if cfg.get('default_scope') not in SCOPES:
         fail(f'{args.config}: default_scope is {cfg.get("default_scope")!r}; these tools run configs whose '
              f'default_scope is one of {SCOPES} (inherit mmdet::/mmseg::_base_/default_runtime.py)')
+    problems = config_problems(cfg)
+    if problems:
+        fail('\n'.join(f'{args.config}: {problem}' for problem in problems))
     cfg.launcher = args.launcher
     if args.work_dir:
         cfg.work_dir = args.work_dir

@@ -1,0 +1,146 @@
+"""Finding misspelt keys in a config before anything is built: a key the named class does not take would
+otherwise stop the run with a traceback from inside the registry, and a misspelt top-level key would be
+silently ignored."""
+import difflib
+import importlib
+import inspect
+from typing import Iterator, List, Optional
+
+from mmengine.runner import Runner
+
+# top-level keys that mmengine's Runner reads besides its constructor's arguments, or these tools read
+OTHER_TOP_LEVEL_KEYS = ('custom_imports', 'runner_type', 'model_wrapper_cfg', 'find_unused_parameters', 'sync_bn',
+                        'compile', 'activation_checkpointing', 'efficient_conv_bn_eval')
+TOP_LEVEL_KEYS = tuple(sorted(set(inspect.signature(Runner).parameters) - {'cfg'} | set(OTHER_TOP_LEVEL_KEYS)))
+# keys the registry takes out of every config before calling the class
+REGISTRY_KEYS = ('type', '_scope_')
+# keys that the module holding a config (under a key ending in the name here) takes out before building it:
+# mmcv's build_norm_layer, mmdet's FCNMaskHead and FPN_CARAFE, DETRHead, ResNet
+TAKEN_BY_HOLDER = {'norm_cfg': ('requires_grad', ), 'upsample_cfg': ('scale_factor', 'upsample_kernel'),
+                   'loss_cls': ('bg_cls_weight', ), 'dcn': ('fallback_on_stride', )}
+# a dict under `model` may name a module, a box coder / assigner / sampler, or a weight initialiser
+MODEL_REGISTRIES = ('MODELS', 'TASK_UTILS', 'WEIGHT_INITIALIZERS')
+# a loop config without a type is built by the Runner as one of these
+DEFAULT_LOOPS = {'val_cfg': 'ValLoop', 'test_cfg': 'TestLoop'}
+
+
+def _registry(scope: str, name: str):
+    try:
+        return getattr(importlib.import_module(f'{scope}.registry'), name)
+    except ImportError:  # another library's scope: its own build will report it
+        return None
+
+
+def _resolve(kind, scope: str, registry_names):
+    """The class a config's ``type`` names, or None where no registry of ``scope`` knows it (mmcv ops such as
+    RoIAlign and nms are looked up by their users, not in a registry)."""
+    if not isinstance(kind, str):
+        return kind
+    for name in registry_names:
+        registry = _registry(scope, name)
+        found = registry.get(kind) if registry is not None else None
+        if found is not None:
+            return found
+    return None
+
+
+def _unknown_keys(cfg: dict, cls, path: str, extra_keys=()) -> Iterator[str]:
+    try:
+        parameters = inspect.signature(cls).parameters
+    except (TypeError, ValueError):  # a builtin without a signature
+        return
+    # a class taking **kwargs passes them on to somewhere this check cannot see, so all its keys may be valid
+    if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        return
+    valid = [*parameters, *REGISTRY_KEYS, *extra_keys]
+    name = getattr(cls, '__name__', str(cls))
+    for key in cfg:
+        if key not in valid:
+            yield f'{path}: {name} has no argument {key!r}; ' + _what_instead(key, list(parameters))
+
+
+def _what_instead(key: str, valid) -> str:
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.7)
+    return f'did you mean {close[0]!r}?' if close else f'it takes {", ".join(valid)}'
+
+
+def _check_typed(cfg, path: str, scope: str, registry_names, extra_keys=()) -> Iterator[str]:
+    if isinstance(cfg, dict) and 'type' in cfg:
+        cls = _resolve(cfg['type'], cfg.get('_scope_', scope), registry_names)
+        if cls is not None:
+            yield from _unknown_keys(cfg, cls, path, extra_keys)
+
+
+def _check_model(node, path: str, scope: str, holder: str = 'model') -> Iterator[str]:
+    """Every dict with a type, at any depth: a module builds its parts from the configs it is given."""
+    if isinstance(node, dict):
+        scope = node.get('_scope_', scope)  # a scope holds for everything built inside
+        taken = [key for name, keys in TAKEN_BY_HOLDER.items() if holder.endswith(name) for key in keys]
+        yield from _check_typed(node, path, scope, MODEL_REGISTRIES, taken)
+        for key, value in node.items():
+            yield from _check_model(value, f'{path}.{key}', scope, key)
+    elif isinstance(node, (list, tuple)):
+        for index, value in enumerate(node):
+            yield from _check_model(value, f'{path}[{index}]', scope, holder)
+
+
+def _check_loop(cfg, key: str, scope: str) -> Iterator[str]:
+    if not isinstance(cfg, dict):
+        return
+    if 'type' in cfg:
+        yield from _check_typed(cfg, key, scope, ('LOOPS', ))
+    elif key == 'train_cfg':
+        loop = 'EpochBasedTrainLoop' if cfg.get('by_epoch', True) else 'IterBasedTrainLoop'
+        yield from _unknown_keys(cfg, _resolve(loop, scope, ('LOOPS', )), key, extra_keys=('by_epoch', ))
+    else:
+        yield from _unknown_keys(cfg, _resolve(DEFAULT_LOOPS[key], scope, ('LOOPS', )), key)
+
+
+def _check_runner_parts(cfg, scope: str) -> Iterator[str]:
+    for key in ('train_cfg', 'val_cfg', 'test_cfg'):
+        yield from _check_loop(cfg.get(key), key, scope)
+    optim_wrapper = cfg.get('optim_wrapper')
+    if isinstance(optim_wrapper, dict):
+        # the optimizer wrapper constructor takes these two out
+        yield from _check_typed(optim_wrapper, 'optim_wrapper', scope, ('OPTIM_WRAPPERS', ),
+                                extra_keys=('constructor', 'paramwise_cfg'))
+        yield from _check_typed(optim_wrapper.get('optimizer'), 'optim_wrapper.optimizer', scope, ('OPTIMIZERS', ))
+    schedulers = cfg.get('param_scheduler')
+    for index, scheduler in enumerate(schedulers if isinstance(schedulers, (list, tuple)) else [schedulers]):
+        yield from _check_typed(scheduler, f'param_scheduler[{index}]', scope, ('PARAM_SCHEDULERS', ),
+                                extra_keys=('convert_to_iter_based', ))
+    hooks = [(f'default_hooks.{name}', hook) for name, hook in (cfg.get('default_hooks') or {}).items()]
+    hooks += [(f'custom_hooks[{index}]', hook) for index, hook in enumerate(cfg.get('custom_hooks') or [])]
+    for path, hook in hooks:
+        # the Runner takes a hook's priority out before building it
+        yield from _check_typed(hook, path, scope, ('HOOKS', ), extra_keys=('priority', ))
+
+
+def _misspelt_top_level_key(key: str) -> Optional[str]:
+    """The top-level key that ``key`` is a typo of: one character off (two in a long key). Intermediate
+    variables such as train_pipeline or norm_cfg are further from every key the Runner reads."""
+    if key in TOP_LEVEL_KEYS:
+        return None
+    close = difflib.get_close_matches(key, TOP_LEVEL_KEYS, n=1, cutoff=0.8)
+    if not close:
+        return None
+    matcher = difflib.SequenceMatcher(None, key, close[0])
+    differing = max(len(key), len(close[0])) - sum(block.size for block in matcher.get_matching_blocks())
+    return close[0] if differing <= (1 if len(close[0]) < 10 else 2) else None
+
+
+def config_problems(cfg, scope: Optional[str] = None) -> List[str]:
+    """One line per misspelt key of ``cfg``, naming its dotted path and, where one is close, the right key.
+
+    ``scope`` (default: the config's default_scope) is the library whose registries resolve the types.
+    """
+    scope = scope or cfg.get('default_scope')
+    problems = []
+    for key in cfg.keys():
+        intended = _misspelt_top_level_key(key)
+        if intended:
+            problems.append(f'top-level key {key!r} is not one the runner reads; did you mean {intended!r}?')
+    if isinstance(cfg.get('model'), dict):
+        problems += _check_model(cfg['model'], 'model', scope)
+    problems += _check_runner_parts(cfg, scope)
+    return problems
