@@ -59,10 +59,10 @@ def load_config(args) -> Config:
 
 
 def check_data(cfg, dataloaders):
-    from mala_mm.datasets import DatasetNotFoundError, check_data_paths
+    from mala_mm.datasets import DatasetNotFoundError, EmptyDataFileError, check_data_paths
     try:
         check_data_paths(cfg, dataloaders)
-    except DatasetNotFoundError as err:
+    except (DatasetNotFoundError, EmptyDataFileError) as err:
         fail(str(err))
 
 

@@ -1,0 +1,98 @@
+"""Unusual images: one-pixel images run through the built-in detector and segmentor; an empty image file in a
+dataset stops the tools before the run with its name, a corrupt one stops the run naming it."""
+import os.path as osp
+
+import numpy as np
+import pytest
+import torch
+from mmengine.config import Config
+from mmengine.registry import DefaultScope
+
+from conftest import ROOT, run_tool
+from mala_mm.datasets import (BuiltinDatasetParams, EmptyDataFileError, check_data_paths,
+                              generate_builtin_dataset)
+
+DET_CONFIG = osp.join(ROOT, 'configs/detection/mask_rcnn_mala_t_builtin.py')
+SEG_CONFIG = osp.join(ROOT, 'configs/segmentation/upernet_mala_t_builtin.py')
+TINY_SIZES = [(1, 1), (1, 7), (7, 1)]
+
+
+@pytest.fixture(scope='module')
+def detector():
+    from mmdet.apis import init_detector
+    return init_detector(DET_CONFIG, None, device='cpu')
+
+
+@pytest.fixture(scope='module')
+def segmentor():
+    from mmseg.apis import init_model
+    return init_model(SEG_CONFIG, None, device='cpu')
+
+
+def _image(height, width):
+    return np.random.default_rng(0).integers(0, 256, (height, width, 3), dtype=np.uint8)
+
+
+@pytest.mark.parametrize('height, width', TINY_SIZES)
+def test_tiny_image_through_the_detector(detector, height, width):
+    from mmdet.apis import inference_detector
+    with DefaultScope.overwrite_default_scope('mmdet'):  # the test pipeline is built from the current scope
+        result = inference_detector(detector, _image(height, width))
+    instances = result.pred_instances
+    assert result.ori_shape == (height, width)
+    assert len(instances) <= detector.cfg.model.test_cfg.rcnn.max_per_img
+    assert instances.masks.shape == (len(instances), height, width)
+    boxes = instances.bboxes
+    assert torch.isfinite(boxes).all()
+    assert (boxes[:, 0::2] >= 0).all() and (boxes[:, 0::2] <= width).all()
+    assert (boxes[:, 1::2] >= 0).all() and (boxes[:, 1::2] <= height).all()
+
+
+@pytest.mark.parametrize('height, width', TINY_SIZES)
+def test_tiny_image_through_the_segmentor(segmentor, height, width):
+    from mmseg.apis import inference_model
+    with DefaultScope.overwrite_default_scope('mmseg'):
+        result = inference_model(segmentor, _image(height, width))
+    num_classes = segmentor.decode_head.num_classes
+    assert result.pred_sem_seg.data.shape == (1, height, width)
+    assert result.seg_logits.data.shape == (num_classes, height, width)
+    assert torch.isfinite(result.seg_logits.data).all()
+    assert 0 <= result.pred_sem_seg.data.min() and result.pred_sem_seg.data.max() < num_classes
+
+
+@pytest.fixture
+def builtin_dataset(tmp_path):
+    """A working directory with a small built-in dataset where the configs look for it."""
+    generate_builtin_dataset(str(tmp_path / 'data/builtin'), BuiltinDatasetParams(num_train=2, num_val=2))
+    return tmp_path
+
+
+def test_empty_image_stops_the_tool_before_the_run(builtin_dataset):
+    (builtin_dataset / 'data/builtin/images/validation/000001.jpg').write_bytes(b'')
+    (builtin_dataset / 'model.pth').write_bytes(b'')  # never read: the data check comes first
+    result = run_tool(['test.py', DET_CONFIG, 'model.pth'], cwd=builtin_dataset, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith('error: ')]
+    assert errors == [
+        "error: empty files in the dataset under 'data/builtin/': data/builtin/images/validation/000001.jpg (a "
+        "download or copy that stopped part way leaves these). To fix it, generate it again with: "
+        "python tools/make_builtin_dataset.py --out data/builtin --force"]
+    assert 'Traceback' not in result.stderr
+
+
+def test_empty_label_map_is_found(builtin_dataset, monkeypatch):
+    monkeypatch.chdir(builtin_dataset)
+    (builtin_dataset / 'data/builtin/annotations/training/000000.png').write_bytes(b'')
+    cfg = Config.fromfile(SEG_CONFIG)
+    with pytest.raises(EmptyDataFileError, match=r'data/builtin/annotations/training/000000\.png'):
+        check_data_paths(cfg, ('train_dataloader', 'val_dataloader'))
+    check_data_paths(cfg, ('val_dataloader', ))  # the validation split is whole
+
+
+def test_corrupt_image_is_named(builtin_dataset):
+    # not empty, so it passes the size check; the image loader names it when it cannot decode it
+    (builtin_dataset / 'data/builtin/images/validation/000000.jpg').write_bytes(b'not an image' * 100)
+    torch.save({'state_dict': {}}, builtin_dataset / 'model.pth')
+    result = run_tool(['test.py', DET_CONFIG, 'model.pth'], cwd=builtin_dataset, timeout=300)
+    assert result.returncode != 0
+    assert 'failed to load image: data/builtin/images/validation/000000.jpg' in result.stderr
