@@ -49,19 +49,18 @@ def mala_attention(q: Tensor, k: Tensor, v: Tensor, rope: Rotations = None, eps:
         q, k, v = F.elu(q.to(full)) + 1, F.elu(k.to(full)) + 1, v.to(full)  # phi(q), phi(k)
         z = scale * (q @ k.mean(-2, keepdim=True).transpose(-2, -1))         # z_i, un-rotated
         v_mean = v.mean(-2, keepdim=True)                                    # mean_j v_j
-        v = v * (scale / num_tokens)                                         # KV is d^-1/2 / N sum_j k~_j^T v_j
-        # max |q_i| and max |k| become about 1, max |v| about N^-1/2: KV, a sum of N products, stays below N^1/2
+        # max |q_i| and max |k| become about 1, max |v| d^-1/2 / N about N^-1/2: KV stays below N^1/2
         q_unit = _power_of_two_above(q.amax(-1, keepdim=True))
         k_unit = _power_of_two_above(k.amax((-2, -1), keepdim=True))
-        v_unit = _power_of_two_above(v.abs().amax(-2, keepdim=True) * num_tokens ** 0.5)
-        q, k, v = q / q_unit, k / k_unit, v / v_unit
+        v_unit = _power_of_two_above(v.abs().amax(-2, keepdim=True) * (scale / num_tokens ** 0.5))
+        q, k, v = q / q_unit, k / k_unit, v * (scale / num_tokens / v_unit)
         if rope is not None:
             q, k = apply_rope(q, rope), apply_rope(k, rope)                  # q~, k~
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    kv = k.transpose(-2, -1) @ v                                                 # KV / (k_unit v_unit)
+    kv = k.transpose(-2, -1) @ v  # KV = d^-1/2 / N sum_j k~_j^T v_j, over k_unit and v_unit
     beta = 1 + 1 / (z + eps)                                                     # beta_i
-    qkv = (q @ kv).to(full) * (q_unit * k_unit * v_unit)                       # q~_i KV at the scale of the inputs
-    return (beta * qkv - z * v_mean).to(dtype)                                 # - gamma_i sum_j v_j (gamma_i N = z_i)
+    y = beta * (q_unit * k_unit) * (q @ kv).to(full) * v_unit                  # beta_i q~_i KV
+    return (y - z * v_mean).to(dtype)                                          # - gamma_i sum_j v_j (gamma_i N = z_i)
 
 
 def linear_attention(q: Tensor, k: Tensor, v: Tensor, rope: Rotations = None, eps: float = 1e-6) -> Tensor:
