@@ -206,11 +206,9 @@ def test_backbone_under_autocast_stays_close_to_fp32(backbones, dtype, arch, ima
             assert relative_error(ours, exact) < tolerance(dtype, BACKBONE)
 
 
-# fp16 depth-wise convolutions fall back to a slow per-group loop on CPUs: fp16 trains the small arch only
 @pytest.mark.parametrize('image', ['natural', 'x 1000', 'constant'])
-@pytest.mark.parametrize('dtype,arch', [pytest.param(torch.bfloat16, 'tiny', id='bf16-tiny'),
-                                        pytest.param(torch.bfloat16, 'small', id='bf16-small'),
-                                        pytest.param(torch.float16, 'small', id='fp16-small')])
+@pytest.mark.parametrize('arch', ['tiny', 'small'])
+@pytest.mark.parametrize('dtype', LOW_PRECISIONS, ids=NAMES.get)
 def test_backbone_backward_under_autocast_gives_finite_gradients(backbones, dtype, arch, image):
     model = copy.deepcopy(backbones[arch]).train()
     with torch.autocast('cpu', dtype=dtype):
