@@ -38,3 +38,13 @@ def run_tool(args, cwd, timeout=1800, **env) -> subprocess.CompletedProcess:
     command = [sys.executable, tool, *args[1:]] if tool.endswith('.py') else ['bash', tool, *args[1:]]
     env = dict(os.environ, PYTHON=sys.executable, PORT=free_port(), **env)
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope='session')
+def builtin_workspace(tmp_path_factory):
+    """A working directory with the built-in dataset at data/builtin, as the configs expect. Shared: tests
+    only add work dirs to it."""
+    cwd = tmp_path_factory.mktemp('builtin')
+    result = run_tool(['make_builtin_dataset.py', '--out', 'data/builtin'], cwd)
+    assert result.returncode == 0, result.stderr
+    return cwd

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from mmengine.config import Config
 from mmengine.registry import init_default_scope
-from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 
 from mala_mm.datasets import (CLASSES, SEG_CLASSES, BuiltinDatasetParams, generate_builtin_dataset,

@@ -10,7 +10,7 @@ from mmengine.logging import HistoryBuffer, MMLogger
 
 from conftest import DATA_DIR, OFFICIAL_LAYOUT_DIR
 from mala_mm import MALA
-from mala_mm.checkpoint import CheckpointError, extract_backbone_state_dict, load_backbone_weights, safe_load
+from mala_mm.checkpoint import CheckpointError, extract_backbone_state_dict, safe_load
 
 DET_CKPT = os.path.join(DATA_DIR, 'official_det_ckpt.pth')
 
@@ -132,7 +132,7 @@ def test_missing_and_truncated_files_are_clear_errors(tmp_path, small_arch):
         safe_load(str(junk))
 
 
-class _WritesAFile:
+class WritesAFile:
     def __init__(self, path):
         self.path = path
 
@@ -149,7 +149,7 @@ class _LooksUpAMethod:
 def test_a_pickle_that_runs_code_is_refused_without_running(tmp_path, payload):
     marker = tmp_path / 'pwned'
     path = tmp_path / 'hostile.pth'
-    hostile = _WritesAFile(str(marker)) if payload == 'open' else _LooksUpAMethod()
+    hostile = WritesAFile(str(marker)) if payload == 'open' else _LooksUpAMethod()
     torch.save({'state_dict': {}, 'payload': hostile}, path)
     with pytest.raises(CheckpointError, match=f'refused to load .*{payload}'):
         safe_load(str(path))

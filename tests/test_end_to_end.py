@@ -3,12 +3,9 @@ dataset; and check that a short run learns: the trained checkpoint beats the sam
 initialisation by a margin that a broken pipeline (labels, masks, targets or evaluation out of step)
 could not reach."""
 import importlib
-import os
+import math
 import os.path as osp
 import re
-import socket
-import subprocess
-import sys
 
 import cv2
 import pytest
@@ -16,30 +13,24 @@ import torch
 from mmengine.config import Config
 from mmengine.registry import init_default_scope
 
+from conftest import ROOT, run_tool
+from mala_mm.checkpoint import safe_load
 from mala_mm.datasets import SEG_CLASSES
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DET_CONFIG = osp.join(ROOT, 'configs/detection/mask_rcnn_mala_t_builtin.py')
 SEG_CONFIG = osp.join(ROOT, 'configs/segmentation/upernet_mala_t_builtin.py')
 NPROC = '2'
 DET_ITERS = 300  # about two and a half minutes on 2 free cores
 SEG_ITERS = 150
 RESUME_ITERS = 10
+AMP_ITERS = 300
 
 pytestmark = pytest.mark.slow
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return str(s.getsockname()[1])
-
-
 def run(args, cwd):
-    tool = osp.join(ROOT, 'tools', args[0])
-    command = [sys.executable, tool, *args[1:]] if tool.endswith('.py') else ['bash', tool, *args[1:]]
-    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=1800,
-                            env=dict(os.environ, PYTHON=sys.executable, PORT=free_port()))
+    """Run a tool that must succeed; its output."""
+    result = run_tool(args, cwd)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     return output
@@ -80,28 +71,19 @@ def background_only_miou(workspace):
     return 100 * background_share / len(SEG_CLASSES)
 
 
-@pytest.fixture(scope='module')
-def workspace(tmp_path_factory):
-    """A working directory with the built-in dataset at data/builtin, as the configs expect."""
-    cwd = tmp_path_factory.mktemp('e2e')
-    output = run(['make_builtin_dataset.py', '--out', 'data/builtin'], cwd)
-    assert 'generated' in output
-    return cwd
-
-
-def test_detection_trains_evaluates_and_learns(workspace):
-    work_dir = workspace / 'work_dirs' / 'mask_rcnn_mala_t_builtin'
+def test_detection_trains_evaluates_and_learns(builtin_workspace):
+    work_dir = builtin_workspace / 'work_dirs' / 'mask_rcnn_mala_t_builtin'
     output = run(['dist_train.sh', DET_CONFIG, NPROC, *short_schedule(DET_ITERS),
-                  f'param_scheduler.1.milestones=[{DET_ITERS * 4 // 5}]'], workspace)
+                  f'param_scheduler.1.milestones=[{DET_ITERS * 4 // 5}]'], builtin_workspace)
     assert 'Distributed training: True' in output
     assert re.search(rf'Iter\(train\) \[{DET_ITERS}/{DET_ITERS}\].*eta', output)
     checkpoint = work_dir / f'iter_{DET_ITERS}.pth'
     assert checkpoint.is_file()
 
     names = ['coco/bbox_mAP', 'coco/bbox_mAP_50', 'coco/segm_mAP', 'coco/segm_mAP_50']
-    trained = metrics(run(['dist_test.sh', DET_CONFIG, str(checkpoint), NPROC], workspace), names)
+    trained = metrics(run(['dist_test.sh', DET_CONFIG, str(checkpoint), NPROC], builtin_workspace), names)
     untrained = metrics(run(['dist_test.sh', DET_CONFIG, initial_checkpoint(DET_CONFIG, str(work_dir / 'init.pth')),
-                             NPROC], workspace), names)
+                             NPROC], builtin_workspace), names)
     print(f'detection after {DET_ITERS} iterations: {trained}; at initialisation: {untrained}')
     # from scratch, a few hundred iterations only start to find the shapes (0.077 box and 0.044 mask AP50
     # were measured): small in absolute terms, yet many times what an untrained or mislabelled model scores
@@ -109,15 +91,15 @@ def test_detection_trains_evaluates_and_learns(workspace):
     assert trained['coco/bbox_mAP_50'] > untrained['coco/bbox_mAP_50'] + 0.04
     assert trained['coco/segm_mAP_50'] > untrained['coco/segm_mAP_50'] + 0.02
 
-    picture = workspace / 'demo_det.png'
+    picture = builtin_workspace / 'demo_det.png'
     output = run(['demo.py', 'data/builtin/images/validation/000003.jpg', DET_CONFIG, str(checkpoint),
-                  '--out', str(picture), '--score-thr', '0.1'], workspace)
+                  '--out', str(picture), '--score-thr', '0.1'], builtin_workspace)
     assert picture.is_file() and re.search(r'wrote .*: [1-9][0-9]* objects', output)
 
 
-def test_segmentation_trains_evaluates_learns_and_resumes(workspace):
-    work_dir = workspace / 'work_dirs' / 'upernet_mala_t_builtin'
-    output = run(['dist_train.sh', SEG_CONFIG, NPROC, *short_schedule(SEG_ITERS)], workspace)
+def test_segmentation_trains_evaluates_learns_and_resumes(builtin_workspace):
+    work_dir = builtin_workspace / 'work_dirs' / 'upernet_mala_t_builtin'
+    output = run(['dist_train.sh', SEG_CONFIG, NPROC, *short_schedule(SEG_ITERS)], builtin_workspace)
     assert re.search(rf'Iter\(train\) \[{SEG_ITERS}/{SEG_ITERS}\].*eta', output)
     checkpoint = work_dir / f'iter_{SEG_ITERS}.pth'
     assert checkpoint.is_file()
@@ -125,18 +107,37 @@ def test_segmentation_trains_evaluates_learns_and_resumes(workspace):
     # evaluated in one process: a two-process dist_test.sh of the segmentor has aborted at random on this CPU
     # machine ('terminate called without an active exception' from a gloo process); the detector's test above
     # covers the distributed test launcher
-    trained = metrics(run(['test.py', SEG_CONFIG, str(checkpoint)], workspace), ['mIoU', 'aAcc'])
+    trained = metrics(run(['test.py', SEG_CONFIG, str(checkpoint)], builtin_workspace), ['mIoU', 'aAcc'])
     untrained = metrics(run(['test.py', SEG_CONFIG, initial_checkpoint(SEG_CONFIG, str(work_dir / 'init.pth'))],
-                            workspace), ['mIoU', 'aAcc'])
+                            builtin_workspace), ['mIoU', 'aAcc'])
     print(f'segmentation after {SEG_ITERS} iterations: {trained}; at initialisation: {untrained}')
     # a model that learnt only the class prior labels everything background (about 17 mIoU); 86.6 was measured
-    assert trained['mIoU'] > background_only_miou(workspace) + 40.0
+    assert trained['mIoU'] > background_only_miou(builtin_workspace) + 40.0
     assert trained['mIoU'] > untrained['mIoU'] + 40.0
 
     # resume from the checkpoint (optimizer, scheduler and message hub included) and go on
     output = run(['dist_train.sh', SEG_CONFIG, NPROC, '--resume', str(checkpoint),
-                  *short_schedule(SEG_ITERS + RESUME_ITERS)], workspace)
+                  *short_schedule(SEG_ITERS + RESUME_ITERS)], builtin_workspace)
     assert f'resumed epoch: 0, iter: {SEG_ITERS}' in output
     assert re.search(rf'Iter\(train\) \[{SEG_ITERS + RESUME_ITERS}/{SEG_ITERS + RESUME_ITERS}\]', output)
     assert not re.search(r'Iter\(train\) \[\s*10/', output)  # it did not start over
     assert (work_dir / f'iter_{SEG_ITERS + RESUME_ITERS}.pth').is_file()
+
+
+def test_bf16_mixed_precision_training_stays_finite_and_learns(builtin_workspace):
+    """A few hundred iterations under bfloat16 autocast (``--amp`` on CPU): every logged loss and gradient norm
+    and every trained weight is finite, and the model learns as much as the fp32 run above is required to."""
+    work_dir = builtin_workspace / 'work_dirs' / 'amp'
+    output = run(['train.py', SEG_CONFIG, '--amp', '--work-dir', str(work_dir), *short_schedule(AMP_ITERS)],
+                 builtin_workspace)
+    assert 'CPUAmpOptimWrapper' in output
+    logged = re.findall(r'Iter\(train\) \[\s*\d+/\d+\].*grad_norm: (\S+)\s+loss: (\S+)', output)
+    assert len(logged) == AMP_ITERS // 10, output[-3000:]
+    assert all(math.isfinite(float(value)) for line in logged for value in line)
+    weights = safe_load(str(work_dir / f'iter_{AMP_ITERS}.pth'))['state_dict']
+    assert all(torch.isfinite(tensor).all() for tensor in weights.values() if tensor.is_floating_point())
+
+    trained = metrics(run(['test.py', SEG_CONFIG, str(work_dir / f'iter_{AMP_ITERS}.pth')], builtin_workspace),
+                      ['mIoU'])
+    print(f'segmentation after {AMP_ITERS} bf16 iterations: {trained}')
+    assert trained['mIoU'] > background_only_miou(builtin_workspace) + 40.0

@@ -16,18 +16,9 @@ KILLED = -signal.SIGKILL
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope='module')
-def workspace(tmp_path_factory):
-    """A working directory with the built-in dataset at data/builtin, as the configs expect."""
-    cwd = tmp_path_factory.mktemp('resume')
-    result = run_tool(['make_builtin_dataset.py', '--out', 'data/builtin'], cwd)
-    assert result.returncode == 0, result.stderr
-    return cwd
-
-
-def config_with(workspace, name, hooks, checkpoint_hook='AtomicCheckpointHook'):
+def config_with(cwd, name, hooks, checkpoint_hook='AtomicCheckpointHook'):
     """The built-in segmentation config, keeping one checkpoint, with the fault-injection ``hooks`` added."""
-    path = workspace / f'{name}.py'
+    path = cwd / f'{name}.py'
     path.write_text(
         f'_base_ = [{SEG_CONFIG!r}]\n'
         "custom_imports = dict(imports=['mala_mm', 'fault_injection'], allow_failed_imports=False)\n"
@@ -36,14 +27,14 @@ def config_with(workspace, name, hooks, checkpoint_hook='AtomicCheckpointHook'):
     return str(path)
 
 
-def train(workspace, config, work_dir, *options):
+def train(cwd, config, work_dir, *options):
     """tools/train.py for ITERS iterations without validation, in deterministic mode."""
     return run_tool(
         ['train.py', config, '--work-dir', str(work_dir), *options, '--cfg-options',
          f'train_cfg.max_iters={ITERS}', 'param_scheduler.0.end=4', 'param_scheduler.1.begin=4',
          f'param_scheduler.1.end={ITERS}', 'val_cfg=None', 'val_dataloader=None', 'val_evaluator=None',
          'randomness.deterministic=True'],
-        workspace, PYTHONPATH=osp.dirname(__file__))
+        cwd, PYTHONPATH=osp.dirname(__file__))
 
 
 def last_checkpoint(work_dir):
@@ -63,43 +54,45 @@ def assert_same_training_state(path_a, path_b):
     assert a['param_schedulers'] == b['param_schedulers']
 
 
-def test_killed_runs_resume_to_the_weights_of_an_uninterrupted_run(workspace):
-    plain = config_with(workspace, 'plain', [])
-    uninterrupted = workspace / 'uninterrupted'
-    result = train(workspace, plain, uninterrupted)
+def test_killed_runs_resume_to_the_weights_of_an_uninterrupted_run(builtin_workspace):
+    cwd = builtin_workspace
+    plain = config_with(cwd, 'plain', [])
+    kill_at_6 = config_with(cwd, 'kill_at_6', ["dict(type='KillAfterIterationHook', iteration=6)"])
+    kill_saving_8 = config_with(cwd, 'kill_saving_8', ["dict(type='KillWhileSavingHook', iteration=8)"])
+
+    uninterrupted = cwd / 'uninterrupted'
+    result = train(cwd, plain, uninterrupted)
     assert result.returncode == 0, result.stderr[-3000:]
 
-    interrupted = workspace / 'interrupted'
     # killed between iterations 6 and 7: the checkpoint of iteration 4 is the latest
-    result = train(workspace, config_with(workspace, 'kill_at_6', ["dict(type='KillAfterIterationHook', iteration=6)"]),
-                   interrupted)
+    interrupted = cwd / 'interrupted'
+    result = train(cwd, kill_at_6, interrupted)
     assert result.returncode == KILLED, result.stderr[-3000:]
     assert last_checkpoint(interrupted).endswith('iter_4.pth')
 
     # resumed, then killed half-way through writing the checkpoint of iteration 8, which would have replaced
     # that of iteration 4 (one is kept): iteration 4's stays whole and latest, nothing is named iter_8.pth
-    result = train(workspace, config_with(workspace, 'kill_saving_8', ["dict(type='KillWhileSavingHook', iteration=8)"]),
-                   interrupted, '--resume')
+    result = train(cwd, kill_saving_8, interrupted, '--resume')
     assert result.returncode == KILLED, result.stderr[-3000:]
     assert 'resumed epoch: 0, iter: 4' in result.stdout + result.stderr
     assert (interrupted / 'iter_8.pth.part').is_file() and not (interrupted / 'iter_8.pth').exists()
     assert last_checkpoint(interrupted).endswith('iter_4.pth')
     assert safe_load(str(interrupted / 'iter_4.pth'))['meta']['iter'] == 4
 
-    result = train(workspace, plain, interrupted, '--resume')
+    result = train(cwd, plain, interrupted, '--resume')
     assert result.returncode == 0, result.stderr[-3000:]
     assert 'resumed epoch: 0, iter: 4' in result.stdout + result.stderr
     assert sorted(p.name for p in interrupted.glob('iter_*')) == [f'iter_{ITERS}.pth']  # outdated and partial gone
     assert_same_training_state(uninterrupted / f'iter_{ITERS}.pth', interrupted / f'iter_{ITERS}.pth')
 
 
-def test_mmengines_own_checkpoint_hook_loses_the_run_when_killed_while_saving(workspace):
+def test_mmengines_own_checkpoint_hook_loses_the_run_when_killed_while_saving(builtin_workspace):
     """Why the configs use AtomicCheckpointHook: mmengine's hook deletes the kept checkpoint before it writes
     the next one in place, so a kill while it writes leaves nothing to resume from."""
-    work_dir = workspace / 'stock_hook'
-    config = config_with(workspace, 'stock_kill_saving_8', ["dict(type='KillWhileSavingHook', iteration=8)"],
+    config = config_with(builtin_workspace, 'stock_kill_saving_8', ["dict(type='KillWhileSavingHook', iteration=8)"],
                          checkpoint_hook='CheckpointHook')
-    result = train(workspace, config, work_dir)
+    work_dir = builtin_workspace / 'stock_hook'
+    result = train(builtin_workspace, config, work_dir)
     assert result.returncode == KILLED, result.stderr[-3000:]
     assert not (work_dir / 'iter_4.pth').exists()
     with pytest.raises(CheckpointError, match='truncated'):

@@ -1,34 +1,20 @@
 """The tools stop on bad input with one clear line and exit status 2, before any work starts."""
 import os
 import os.path as osp
-import socket
-import subprocess
-import sys
 
 import pytest
+import torch
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-TOOLS = osp.join(ROOT, 'tools')
+from conftest import ROOT, run_tool
+from test_checkpoint import WritesAFile
+
 DET_CONFIG = osp.join(ROOT, 'configs/detection/mask_rcnn_mala_t_builtin.py')
 SEG_CONFIG = osp.join(ROOT, 'configs/segmentation/upernet_mala_t_builtin.py')
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return str(s.getsockname()[1])
-
-
-def run_tool(args, cwd, **env):
-    """Run a tool as a user would; ``.py`` tools with this interpreter, ``.sh`` ones with PYTHON set to it."""
-    command = [sys.executable, *args] if args[0].endswith('.py') else ['bash', *args]
-    env = dict(os.environ, PYTHON=sys.executable, **env)
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-
-
 @pytest.mark.parametrize('tool', ['train.py', 'dist_train.sh'])
 def test_wrong_config_path(tool, tmp_path):
-    args = [osp.join(TOOLS, tool), 'configs/detection/no_such_config.py'] + (['2'] if tool.endswith('.sh') else [])
+    args = [tool, 'configs/detection/no_such_config.py'] + (['2'] if tool.endswith('.sh') else [])
     result = run_tool(args, cwd=tmp_path)
     assert result.returncode == 2
     assert "config file 'configs/detection/no_such_config.py' does not exist" in result.stderr
@@ -37,7 +23,7 @@ def test_wrong_config_path(tool, tmp_path):
 @pytest.mark.parametrize('config', [DET_CONFIG, SEG_CONFIG])
 def test_missing_dataset_names_the_folder_and_the_command(config, tmp_path):
     # run from an empty folder: the configs' data/builtin/ is relative to the working directory
-    result = run_tool([osp.join(TOOLS, 'train.py'), config], cwd=tmp_path)
+    result = run_tool(['train.py', config], cwd=tmp_path)
     assert result.returncode == 2, result.stderr[-2000:]
     assert "dataset not found under 'data/builtin/'" in result.stderr
     assert 'data/builtin/images/training' in result.stderr
@@ -46,7 +32,7 @@ def test_missing_dataset_names_the_folder_and_the_command(config, tmp_path):
 
 
 def test_missing_dataset_through_the_launcher(tmp_path):
-    result = run_tool([osp.join(TOOLS, 'dist_test.sh'), DET_CONFIG, DET_CONFIG, '2'], cwd=tmp_path, PORT=free_port())
+    result = run_tool(['dist_test.sh', DET_CONFIG, DET_CONFIG, '2'], cwd=tmp_path)
     assert result.returncode != 0
     output = result.stdout + result.stderr
     # printed once, by the first process, not by each
@@ -54,7 +40,7 @@ def test_missing_dataset_through_the_launcher(tmp_path):
 
 
 def test_other_datasets_get_a_generic_hint(tmp_path):
-    result = run_tool([osp.join(TOOLS, 'train.py'), SEG_CONFIG, '--cfg-options',
+    result = run_tool(['train.py', SEG_CONFIG, '--cfg-options',
                        'train_dataloader.dataset.data_root=data/ade/', 'val_dataloader.dataset.data_root=data/ade/'],
                       cwd=tmp_path)
     assert result.returncode == 2
@@ -65,7 +51,7 @@ def test_other_datasets_get_a_generic_hint(tmp_path):
 @pytest.mark.parametrize('tool', ['dist_train.sh', 'dist_test.sh'])
 def test_more_processes_than_the_machine_has(tool, tmp_path):
     too_many = str(len(os.sched_getaffinity(0)) + 1)  # no CUDA here: the limit is the CPU cores
-    args = [osp.join(TOOLS, tool), DET_CONFIG] + ([DET_CONFIG] if tool == 'dist_test.sh' else []) + [too_many]
+    args = [tool, DET_CONFIG] + ([DET_CONFIG] if tool == 'dist_test.sh' else []) + [too_many]
     result = run_tool(args, cwd=tmp_path)
     assert result.returncode == 2
     assert f'asked for {too_many} processes, but this machine has' in result.stderr
@@ -73,28 +59,59 @@ def test_more_processes_than_the_machine_has(tool, tmp_path):
 
 
 def test_zero_processes(tmp_path):
-    result = run_tool([osp.join(TOOLS, 'dist_train.sh'), DET_CONFIG, '0'], cwd=tmp_path)
+    result = run_tool(['dist_train.sh', DET_CONFIG, '0'], cwd=tmp_path)
     assert result.returncode == 2
     assert "GPUS must be a positive number of processes, got '0'" in result.stderr
 
 
 def test_missing_checkpoints(tmp_path):
-    result = run_tool([osp.join(TOOLS, 'test.py'), SEG_CONFIG, 'no_such.pth'], cwd=tmp_path)
+    result = run_tool(['test.py', SEG_CONFIG, 'no_such.pth'], cwd=tmp_path)
     assert result.returncode == 2
     assert "checkpoint 'no_such.pth' does not exist" in result.stderr
-    result = run_tool([osp.join(TOOLS, 'train.py'), SEG_CONFIG, '--resume', 'no_such.pth'], cwd=tmp_path)
+    result = run_tool(['train.py', SEG_CONFIG, '--resume', 'no_such.pth'], cwd=tmp_path)
     assert result.returncode == 2
     assert "--resume checkpoint 'no_such.pth' does not exist" in result.stderr
 
 
 def test_benchmark_reports_speed(tmp_path):
-    result = run_tool([osp.join(TOOLS, 'benchmark.py'), SEG_CONFIG, '--shape', '64', '64', '--warmup', '1',
+    result = run_tool(['benchmark.py', SEG_CONFIG, '--shape', '64', '64', '--warmup', '1',
                        '--iters', '2'], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert 'upernet_mala_t_builtin.py' in result.stdout and 'images/s' in result.stdout
 
 
 def test_auto_scale_lr_needs_a_base_batch_size(tmp_path):
-    result = run_tool([osp.join(TOOLS, 'train.py'), DET_CONFIG, '--auto-scale-lr'], cwd=tmp_path)
+    result = run_tool(['train.py', DET_CONFIG, '--auto-scale-lr'], cwd=tmp_path)
     assert result.returncode == 2
     assert 'has no auto_scale_lr.base_batch_size' in result.stderr
+
+
+@pytest.mark.parametrize('entry', ['test.py CHECKPOINT', 'train.py --resume', 'load_from', 'init_cfg'])
+def test_a_checkpoint_that_would_run_code_is_refused_on_every_path(builtin_workspace, tmp_path, entry):
+    marker = tmp_path / 'pwned'
+    hostile = tmp_path / 'hostile.pth'
+    torch.save({'state_dict': {}, 'payload': WritesAFile(str(marker))}, hostile)
+    args = {
+        'test.py CHECKPOINT': ['test.py', SEG_CONFIG, str(hostile)],
+        'train.py --resume': ['train.py', SEG_CONFIG, '--resume', str(hostile)],
+        'load_from': ['train.py', SEG_CONFIG, '--cfg-options', f'load_from={hostile}'],
+        'init_cfg': ['train.py', SEG_CONFIG, '--cfg-options', 'model.backbone.init_cfg._delete_=True',
+                     'model.backbone.init_cfg.type=Pretrained',
+                     f'model.backbone.init_cfg.checkpoint={hostile}'],
+    }[entry]
+    result = run_tool([*args, '--work-dir', str(tmp_path / 'work')],
+                      cwd=builtin_workspace)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert f"error: refused to load '{hostile}'" in result.stderr and 'Traceback' not in result.stderr
+    assert not marker.exists()
+
+
+def test_a_truncated_checkpoint_is_explained(builtin_workspace, tmp_path):
+    whole = tmp_path / 'whole.pth'
+    torch.save({'state_dict': {f'w{i}': torch.zeros(1000) for i in range(10)}}, whole)
+    truncated = tmp_path / 'truncated.pth'
+    truncated.write_bytes(whole.read_bytes()[:20_000])
+    result = run_tool(['test.py', SEG_CONFIG, str(truncated), '--work-dir', str(tmp_path / 'work')],
+                      cwd=builtin_workspace)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert 'it is truncated or not a PyTorch checkpoint' in result.stderr and 'Traceback' not in result.stderr

@@ -12,7 +12,6 @@ Example:
 import argparse
 import importlib
 import os
-from collections import Counter
 from typing import Callable, Dict, List, Tuple
 
 import torch
