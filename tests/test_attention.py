@@ -134,4 +134,3 @@ def test_attention_modules_work_on_their_own(module_cls):
 def test_attention_rejects_bad_head_layout(channels, heads, message):
     with pytest.raises(ValueError, match=message):
         MALAttention(channels, heads)
-

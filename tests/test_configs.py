@@ -243,4 +243,3 @@ def test_no_weight_decay_on_norms():
     norms = [m for m in backbone.modules() if isinstance(m, (nn.LayerNorm, nn.BatchNorm2d))]
     assert norms and all(decay[id(p)] == 0 for m in norms for p in m.parameters())
     assert decay[id(backbone.layers[0].blocks[0].attn.qkvo.weight)] == 0.05
-

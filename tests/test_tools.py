@@ -115,3 +115,14 @@ def test_a_truncated_checkpoint_is_explained(builtin_workspace, tmp_path):
                       cwd=builtin_workspace)
     assert result.returncode == 2, result.stderr[-3000:]
     assert 'it is truncated or not a PyTorch checkpoint' in result.stderr and 'Traceback' not in result.stderr
+
+
+@pytest.mark.parametrize('option, message', [
+    ('model.backbone.arch=huge', "error: MALA: unknown arch 'huge'; choose one of"),
+    ('model.backbone.frozen_stages=9', 'error: MALA: frozen_stages must be in [-1, 4], got 9'),
+])
+def test_backbone_arguments_that_cannot_build_a_mala_are_one_line(builtin_workspace, tmp_path, option, message):
+    result = run_tool(['train.py', SEG_CONFIG, '--work-dir', str(tmp_path / 'work'), '--cfg-options', option],
+                      cwd=builtin_workspace)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert message in result.stderr and 'Traceback' not in result.stderr

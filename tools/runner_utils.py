@@ -3,6 +3,7 @@ distributed set-up that also works without CUDA."""
 import importlib
 import os
 import os.path as osp
+import re
 import subprocess
 import sys
 
@@ -114,12 +115,14 @@ def build_runner(cfg):
 
 
 def run_runner(cfg, action: str):
-    """``build_runner(cfg).<action>()``; a checkpoint that cannot be read or does not fit stops the tool with
-    the reason, not a traceback from inside the runner."""
+    """``build_runner(cfg).<action>()``; a checkpoint that cannot be read or does not fit, or backbone arguments
+    that cannot build a MALA, stop the tool with the reason, not a traceback from inside the runner."""
     from mala_mm.checkpoint import CheckpointError
+    from mala_mm.models import MALAConfigError
     try:
         getattr(build_runner(cfg), action)()
-    except CheckpointError as err:
-        fail(str(err))
+    except (CheckpointError, MALAConfigError) as err:
+        # the registry prefixes "class `X` in its/file.py: " at every level of a nested build
+        fail(re.sub(r'class `\w+` in \S+: ', '', str(err)))
     finally:
         teardown_distributed()

@@ -1,4 +1,4 @@
-from .backbones import MALA
+from .backbones import MALA, MALAConfigError
 from .layers import MALAttention, SoftmaxAttention, mala_attention, softmax_attention
 
-__all__ = ['MALA', 'MALAttention', 'SoftmaxAttention', 'mala_attention', 'softmax_attention']
+__all__ = ['MALA', 'MALAConfigError', 'MALAttention', 'SoftmaxAttention', 'mala_attention', 'softmax_attention']

@@ -1,3 +1,3 @@
-from .mala import MALA
+from .mala import MALA, MALAConfigError
 
-__all__ = ['MALA']
+__all__ = ['MALA', 'MALAConfigError']

@@ -12,6 +12,10 @@ from ...checkpoint import load_backbone_weights
 from ..layers import ATTENTION_KINDS, ConvStem, LayerNorm2d, MALAStage
 
 
+class MALAConfigError(ValueError):
+    """An argument of :class:`MALA` that cannot build a model; the message says which and what is allowed."""
+
+
 class MALA(BaseModule):
     """MALA backbone from "Rectifying Magnitude Neglect in Linear Attention" (ICCV 2025).
 
@@ -73,16 +77,16 @@ class MALA(BaseModule):
             attn_types = [attn_types] * num_stages
         attn_types = [kind.lower() for kind in attn_types]
         if len(attn_types) != num_stages or any(kind not in ATTENTION_KINDS for kind in attn_types):
-            raise ValueError(f'MALA: attn_types must be one of {sorted(ATTENTION_KINDS)} or a sequence of '
-                             f'{num_stages} of them, got {attn_types}')
+            raise MALAConfigError(f'MALA: attn_types must be one of {sorted(ATTENTION_KINDS)} or a sequence of '
+                                  f'{num_stages} of them, got {attn_types}')
         self.attn_types = attn_types
 
         self.out_indices = tuple(out_indices)
         if not self.out_indices or any(not 0 <= i < num_stages for i in self.out_indices):
-            raise ValueError(f'MALA: out_indices must be non-empty stage indices in [0, {num_stages}), '
-                             f'got {out_indices}')
+            raise MALAConfigError(f'MALA: out_indices must be non-empty stage indices in [0, {num_stages}), '
+                                  f'got {out_indices}')
         if not -1 <= frozen_stages <= num_stages:
-            raise ValueError(f'MALA: frozen_stages must be in [-1, {num_stages}], got {frozen_stages}')
+            raise MALAConfigError(f'MALA: frozen_stages must be in [-1, {num_stages}], got {frozen_stages}')
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
 
@@ -115,28 +119,29 @@ class MALA(BaseModule):
     def _resolve_arch(cls, arch: Union[str, dict]) -> dict:
         if isinstance(arch, str):
             if arch.lower() not in cls.arch_zoo:
-                raise ValueError(f'MALA: unknown arch {arch!r}; choose one of {sorted(set(cls.arch_zoo))} '
-                                 f'or pass a dict with embed_dims, depths and num_heads')
+                raise MALAConfigError(f'MALA: unknown arch {arch!r}; choose one of {sorted(set(cls.arch_zoo))} '
+                                      f'or pass a dict with embed_dims, depths and num_heads')
             return cls.arch_zoo[arch.lower()]
         if not isinstance(arch, dict):
-            raise TypeError(f'MALA: arch must be a name or a dict, got {type(arch).__name__}')
+            raise MALAConfigError(f'MALA: arch must be a name or a dict, got {type(arch).__name__}')
         required = {'embed_dims', 'depths', 'num_heads'}
         allowed = required | set(cls.custom_arch_defaults)
         if not required <= set(arch) or not set(arch) <= allowed:
-            raise ValueError(f'MALA: a custom arch needs {sorted(required)} and may set '
-                             f'{sorted(cls.custom_arch_defaults)}; got keys {sorted(arch)}')
+            raise MALAConfigError(f'MALA: a custom arch needs {sorted(required)} and may set '
+                                  f'{sorted(cls.custom_arch_defaults)}; got keys {sorted(arch)}')
         arch = {**cls.custom_arch_defaults, **arch}
         lengths = {len(arch[key]) for key in required}
         if len(lengths) != 1:
-            raise ValueError(f'MALA: embed_dims, depths and num_heads need one entry per stage, got {arch}')
+            raise MALAConfigError(f'MALA: embed_dims, depths and num_heads need one entry per stage, got {arch}')
         if isinstance(arch['layer_scale_init'], (list, tuple)) and len(arch['layer_scale_init']) not in lengths:
-            raise ValueError(f'MALA: layer_scale_init needs one entry per stage, got {arch["layer_scale_init"]}')
+            raise MALAConfigError(
+                f'MALA: layer_scale_init needs one entry per stage, got {arch["layer_scale_init"]}')
         for stage, (channels, heads) in enumerate(zip(arch['embed_dims'], arch['num_heads'])):
             if channels % heads:
-                raise ValueError(f'MALA: in stage {stage}, {heads} heads do not divide {channels} channels')
+                raise MALAConfigError(f'MALA: in stage {stage}, {heads} heads do not divide {channels} channels')
             if (channels // heads) % 4:
-                raise ValueError(f'MALA: in stage {stage}, the head width {channels // heads} ({channels} channels / '
-                                 f'{heads} heads) must be a multiple of 4 for 2-D RoPE')
+                raise MALAConfigError(f'MALA: in stage {stage}, the head width {channels // heads} ({channels} '
+                                      f'channels / {heads} heads) must be a multiple of 4 for 2-D RoPE')
         return arch
 
     def init_weights(self):
