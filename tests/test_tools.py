@@ -1,6 +1,8 @@
-"""The tools stop on bad input with one clear line and exit status 2, before any work starts."""
+"""The tools: bad input stops them with one clear line and exit status 2 before any work starts; the launchers
+start what they should."""
 import os
 import os.path as osp
+import sys
 
 import pytest
 import torch
@@ -126,3 +128,22 @@ def test_backbone_arguments_that_cannot_build_a_mala_are_one_line(builtin_worksp
                       cwd=builtin_workspace)
     assert result.returncode == 2, result.stderr[-3000:]
     assert message in result.stderr and 'Traceback' not in result.stderr
+
+
+@pytest.mark.parametrize('tool, args, expected', [
+    ('slurm_train.sh', ['CONFIG', 'WORK'], ['train.py', 'CONFIG', '--work-dir=WORK', '--launcher=slurm', '--amp']),
+    ('slurm_test.sh', ['CONFIG', 'CKPT'], ['test.py', 'CONFIG', 'CKPT', '--launcher=slurm', '--amp']),
+])
+def test_slurm_launchers_start_one_task_per_gpu(tmp_path, tool, args, expected):
+    # an srun that prints what it was asked to run
+    fake_srun = tmp_path / 'srun'
+    fake_srun.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
+    fake_srun.chmod(0o755)
+    result = run_tool([tool, 'gpu-partition', 'job', *args, '--amp'], cwd=tmp_path,
+                      PATH=f'{tmp_path}:{os.environ["PATH"]}', GPUS='16', SRUN_ARGS='--time=1:00:00')
+    assert result.returncode == 0, result.stderr
+    srun_args = result.stdout.split('\n')
+    assert srun_args[:7] == ['-p', 'gpu-partition', '--job-name=job', '--gres=gpu:8', '--ntasks=16',
+                             '--ntasks-per-node=8', '--cpus-per-task=5']
+    assert srun_args[8:10] == ['--time=1:00:00', sys.executable]
+    assert srun_args[11] == osp.join(ROOT, 'tools', expected[0]) and srun_args[12:-1] == expected[1:]

@@ -1,0 +1,17 @@
+# What slurm_train.sh and slurm_test.sh share, sourced by both.
+# slurm_run PARTITION JOB_NAME TOOL [TOOL ARGS...]: one srun task per GPU, each running tools/TOOL.
+# Environment: GPUS (8), GPUS_PER_NODE (8), CPUS_PER_TASK (5), SRUN_ARGS, PYTHON (python).
+slurm_run() {
+    local tools
+    tools="$(dirname "${BASH_SOURCE[0]}")"
+    PYTHONPATH="$tools/..${PYTHONPATH:+:$PYTHONPATH}" \
+    srun -p "$1" \
+        --job-name="$2" \
+        --gres=gpu:"${GPUS_PER_NODE:-8}" \
+        --ntasks="${GPUS:-8}" \
+        --ntasks-per-node="${GPUS_PER_NODE:-8}" \
+        --cpus-per-task="${CPUS_PER_TASK:-5}" \
+        --kill-on-bad-exit=1 \
+        ${SRUN_ARGS:-} \
+        "${PYTHON:-python}" -u "$tools/$3" "${@:4}"
+}
