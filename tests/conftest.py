@@ -1,3 +1,4 @@
+import importlib.util
 import os
 import socket
 import subprocess
@@ -29,6 +30,15 @@ def free_port() -> str:
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
         return str(s.getsockname()[1])
+
+
+def import_tool(path: str):
+    """The module of ``tools/<path>``, to test its functions (tools are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0],
+                                                  os.path.join(ROOT, 'tools', path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_tool(args, cwd, timeout=1800, **env) -> subprocess.CompletedProcess:

@@ -1,26 +1,16 @@
 """tools/analysis/attention_insight.py: its score maps are the attention modules' own, and it writes its PNGs."""
-import importlib.util
-import subprocess
-import sys
-from pathlib import Path
-
 import cv2
 import numpy as np
 import pytest
 import torch
 
+from conftest import ROOT, import_tool, run_tool
 from mala_mm import MALA
-
-REPO = Path(__file__).resolve().parents[1]
-TOOL = REPO / 'tools' / 'analysis' / 'attention_insight.py'
 
 
 @pytest.fixture(scope='module')
 def insight():
-    spec = importlib.util.spec_from_file_location('attention_insight', TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return import_tool('analysis/attention_insight.py')
 
 
 @pytest.fixture
@@ -88,17 +78,16 @@ def test_scaled_query_has_the_scaled_feature(insight):
         torch.testing.assert_close(insight.scale_query('softmax', q, factor), factor * q)
 
 
-def run_tool(*args):
-    return subprocess.run([sys.executable, str(TOOL), *map(str, args)], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
+def run_insight(*args):
+    return run_tool(['analysis/attention_insight.py', *map(str, args)], ROOT)
 
 
 def test_cli_writes_the_two_pngs(tmp_path):
     image = np.zeros((64, 80, 3), np.uint8)
     cv2.circle(image, (24, 30), 14, (40, 200, 220), -1)
     cv2.imwrite(str(tmp_path / 'shapes.png'), image)
-    result = run_tool(tmp_path / 'shapes.png', '--stage', 1, '--block', 1, '--head', 1, '--query', 30, 24,
-                      '--factors', 0.5, 1, 2, '--out-dir', tmp_path / 'out')
+    result = run_insight(tmp_path / 'shapes.png', '--stage', 1, '--block', 1, '--head', 1, '--query', 30, 24,
+                         '--factors', 0.5, 1, 2, '--out-dir', tmp_path / 'out')
     assert result.returncode == 0, result.stderr
     for name in ('scores', 'magnitude'):
         png = tmp_path / 'out' / f'shapes_tiny_stage1_block1_head1_{name}.png'
@@ -109,8 +98,8 @@ def test_cli_writes_the_two_pngs(tmp_path):
 
 def test_cli_explains_a_bad_position(tmp_path):
     cv2.imwrite(str(tmp_path / 'image.png'), np.zeros((32, 32, 3), np.uint8))
-    result = run_tool(tmp_path / 'image.png', '--stage', 0, '--block', 5, '--out-dir', tmp_path)
+    result = run_insight(tmp_path / 'image.png', '--stage', 0, '--block', 5, '--out-dir', tmp_path)
     assert result.returncode != 0
     assert 'stage 0 has 2 blocks; --block 5 is not one' in result.stderr and 'Traceback' not in result.stderr
-    result = run_tool(tmp_path / 'missing.png', '--out-dir', tmp_path)
+    result = run_insight(tmp_path / 'missing.png', '--out-dir', tmp_path)
     assert result.returncode != 0 and 'cannot read an image' in result.stderr

@@ -1,20 +1,17 @@
 """A misspelt config key stops the tools with one line naming it and the key meant; every shipped config, and
 every base config it inherits, passes the check."""
-import importlib.util
 import os.path as osp
 from pathlib import Path
 
 import pytest
 from mmengine.config import Config
 
-from conftest import ROOT, run_tool
+from conftest import ROOT, import_tool, run_tool
 
 CONFIG_ROOT = Path(ROOT) / 'configs'
 DET_CONFIG = str(CONFIG_ROOT / 'detection/mask_rcnn_mala_t_builtin.py')
 
-_spec = importlib.util.spec_from_file_location('config_check', osp.join(ROOT, 'tools', 'config_check.py'))
-config_check = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(config_check)
+config_check = import_tool('config_check.py')
 
 
 def _shipped_configs():

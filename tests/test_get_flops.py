@@ -1,44 +1,35 @@
 """tools/get_flops.py: its command line, and a count that includes the attention matmuls as the paper's does."""
-import importlib.util
+import os.path as osp
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from mmengine.config import Config
 from torch import nn
 
+from conftest import ROOT, import_tool, run_tool
 from mala_mm import MALA
-
-REPO = Path(__file__).resolve().parents[1]
-TOOL = REPO / 'tools' / 'get_flops.py'
 
 
 @pytest.fixture(scope='module')
 def get_flops():
-    spec = importlib.util.spec_from_file_location('get_flops', TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return import_tool('get_flops.py')
 
 
-def run_tool(*args):
-    return subprocess.run([sys.executable, str(TOOL), *map(str, args)], cwd=REPO, capture_output=True, text=True,
-                          timeout=600)
+def run_get_flops(*args):
+    return run_tool(['get_flops.py', *map(str, args)], ROOT)
 
 
 def test_cli_prints_params_and_flops(get_flops):
     config = 'configs/detection/mask_rcnn_mala_t.py'
-    result = run_tool(config, '--shape', 128, 128)
+    result = run_get_flops(config, '--shape', 128, 128)
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert 'input shape: 1x3x128x128' in out
     params = int(re.search(r'^params: (\d+) ', out, re.M).group(1))
     flops = float(re.search(r'^FLOPs: ([\d.]+) G', out, re.M).group(1))
     attention = float(re.search(r'attention matmuls \(bmm, SDPA\): ([\d.]+) G', out).group(1))
-    _, model = get_flops.build_model(Config.fromfile(str(REPO / config)))
+    _, model = get_flops.build_model(Config.fromfile(osp.join(ROOT, config)))
     assert params == sum(p.numel() for p in model.parameters())
     assert flops > 0 and 0 < attention < flops
     # a two-stage detector says on how many RoIs its heads were counted
@@ -46,7 +37,7 @@ def test_cli_prints_params_and_flops(get_flops):
 
 
 def test_cli_rejects_a_missing_config():
-    result = run_tool('configs/detection/no_such_config.py')
+    result = run_get_flops('configs/detection/no_such_config.py')
     assert result.returncode != 0
     assert 'config file not found: configs/detection/no_such_config.py' in result.stderr
     assert 'Traceback' not in result.stderr
@@ -55,7 +46,7 @@ def test_cli_rejects_a_missing_config():
 def test_cli_rejects_a_config_of_another_library(tmp_path):
     config = tmp_path / 'classifier.py'
     config.write_text("default_scope = 'mmpretrain'\nmodel = dict(type='ImageClassifier')\n")
-    result = run_tool(config)
+    result = run_get_flops(config)
     assert result.returncode != 0
     assert "default_scope must be one of ['mmdet', 'mmseg']" in result.stderr
 

@@ -1,28 +1,19 @@
 """The model zoo: one metafile entry per paper config and back, entries agreeing with their configs, and the
 README's tables being what tools/gen_model_zoo.py renders from the metafiles."""
-import importlib.util
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from mmengine.config import Config
 
+from conftest import import_tool, run_tool
+
 REPO = Path(__file__).resolve().parents[1]
-TOOL = REPO / 'tools' / 'gen_model_zoo.py'
 VARIANTS = {'tiny': 'MALA-T', 'small': 'MALA-S', 'base': 'MALA-B', 'large': 'MALA-L'}
 DATASETS = {'mmdet': 'COCO', 'mmseg': 'ADE20K'}
 
 
-def load_tool(path: Path):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-gen_model_zoo = load_tool(TOOL)
+gen_model_zoo = import_tool('gen_model_zoo.py')
 ENTRIES = [model for metafile in gen_model_zoo.load_metafiles(REPO / 'model-index.yml')
            for model in metafile['Models']]
 
@@ -34,9 +25,8 @@ def paper_configs():
                   for path in (REPO / 'configs' / task).glob('*.py') if 'builtin' not in path.name)
 
 
-def run_tool(*args):
-    return subprocess.run([sys.executable, str(TOOL), *map(str, args)], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
+def run_gen_model_zoo(*args):
+    return run_tool(['gen_model_zoo.py', *map(str, args)], REPO)
 
 
 def test_every_config_has_one_entry_and_every_entry_a_config():
@@ -72,14 +62,14 @@ def params_case(entry):
 
 @pytest.mark.parametrize('entry', [params_case(entry) for entry in ENTRIES])
 def test_entry_params_are_the_models(entry):
-    get_flops = load_tool(REPO / 'tools' / 'get_flops.py')
+    get_flops = import_tool('get_flops.py')
     _, model = get_flops.build_model(Config.fromfile(str(REPO / entry['Config'])))
     params = sum(p.numel() for p in model.parameters())
     assert entry['Metadata']['Parameters (M)'] == round(params / 1e6, 2)
 
 
 def test_readme_tables_are_generated_from_the_metafiles():
-    result = run_tool('--check')
+    result = run_gen_model_zoo('--check')
     assert result.returncode == 0, result.stderr + result.stdout
 
 
@@ -90,19 +80,19 @@ def test_check_fails_on_a_stale_readme_and_regenerating_fixes_it(tmp_path):
     row = next(line for line in text.splitlines() if line.startswith('| [upernet_mala_l]'))
     readme.write_text(text.replace(row, row.replace('| 53.6 |', '| 53.7 |')))
 
-    result = run_tool('--check', '--readme', readme)
+    result = run_gen_model_zoo('--check', '--readme', readme)
     assert result.returncode == 1
     assert 'model-zoo tables differ' in result.stderr
 
-    assert run_tool('--readme', readme).returncode == 0
+    assert run_gen_model_zoo('--readme', readme).returncode == 0
     assert readme.read_text() == text
-    assert run_tool('--check', '--readme', readme).returncode == 0
+    assert run_gen_model_zoo('--check', '--readme', readme).returncode == 0
 
 
 def test_readme_without_markers_is_refused(tmp_path):
     readme = tmp_path / 'README.md'
     readme.write_text('# a README without the model-zoo markers\n')
-    result = run_tool('--readme', readme)
+    result = run_gen_model_zoo('--readme', readme)
     assert result.returncode != 0
     assert '<!-- model-zoo:start -->' in result.stderr and 'Traceback' not in result.stderr
     assert readme.read_text() == '# a README without the model-zoo markers\n'
