@@ -16,7 +16,7 @@ from typing import Dict, List
 
 import torch
 
-from mala_mm.checkpoint import CheckpointError, extract_backbone_state_dict, safe_load
+from mala_mm.checkpoint import CheckpointError, extract_backbone_state_dict, model_state, safe_load
 
 
 def parse_args():
@@ -36,10 +36,7 @@ def source_tensors(checkpoint: dict, ema: bool) -> Dict[str, torch.Tensor]:
             raise CheckpointError('--ema: the checkpoint has no `model_ema` state dict '
                                   f'(its entries: {sorted(checkpoint)})')
         return checkpoint['model_ema']
-    for container in ('state_dict', 'model'):
-        if isinstance(checkpoint.get(container), dict):
-            return checkpoint[container]
-    return checkpoint
+    return model_state(checkpoint)
 
 
 def summarise_prefixes(names: List[str]) -> str:

@@ -15,51 +15,33 @@ Examples:
 import argparse
 import os
 import sys
-from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Dict
 
-import torch
 from mmengine.config import Config
 
 from mala_mm import MALA
-from mala_mm.checkpoint import CheckpointError, extract_backbone_state_dict, safe_load
+from mala_mm.checkpoint import (CheckpointError, StateDictComparison, compare_state_dict, extract_backbone_state_dict,
+                                safe_load)
 
 VARIANTS = ('tiny', 'small', 'base', 'large')
 # keys that one side may legitimately lack: the output norms of the dense model's out_indices
 OPTIONAL_PREFIXES = ('extra_norms.', )
 
 
-@dataclass
-class Fit:
-    """How a backbone state dict compares with a model's."""
-    matched: int
-    missing: List[str] = field(default_factory=list)
-    unexpected: List[str] = field(default_factory=list)
-    wrong_shapes: List[str] = field(default_factory=list)
-
-    @property
-    def fits(self) -> bool:
-        return not self.wrong_shapes and all(
-            key.startswith(OPTIONAL_PREFIXES) for key in self.missing + self.unexpected)
+def fits(comparison: StateDictComparison) -> bool:
+    return not comparison.wrong_shapes and all(
+        key.startswith(OPTIONAL_PREFIXES) for key in comparison.missing + comparison.unexpected)
 
 
-def compare(state: Dict[str, torch.Tensor], model: torch.nn.Module) -> Fit:
-    own = model.state_dict()
-    return Fit(matched=sum(key in own for key in state),
-               missing=[key for key in own if key not in state],
-               unexpected=[key for key in state if key not in own],
-               wrong_shapes=[f'{key}: checkpoint {tuple(state[key].shape)}, model {tuple(own[key].shape)}'
-                             for key in state if key in own and state[key].shape != own[key].shape])
-
-
-def report(name: str, fit: Fit, limit: int = 5) -> None:
-    print(f'{name}: {"fits" if fit.fits else "does not fit"} ({fit.matched} keys matched)')
-    for title, keys in (('shapes differ', fit.wrong_shapes), ('not in the model', fit.unexpected),
-                        ('missing from the checkpoint', fit.missing)):
+def report(name: str, comparison: StateDictComparison, limit: int = 5) -> None:
+    fit = fits(comparison)
+    print(f'{name}: {"fits" if fit else "does not fit"} ({len(comparison.matched)} keys matched)')
+    for title, keys in (('shapes differ', comparison.wrong_shapes), ('not in the model', comparison.unexpected),
+                        ('missing from the checkpoint', comparison.missing)):
         if keys:
             more = f' ... and {len(keys) - limit} more' if len(keys) > limit else ''
             print(f'  {title} ({len(keys)}): ' + '; '.join(keys[:limit]) + more)
-    if fit.fits and fit.missing:
+    if fit and comparison.missing:
         print('  the missing output norms start at their initialisation, as with any ImageNet checkpoint')
 
 
@@ -97,9 +79,9 @@ def main():
     print(f'{args.checkpoint}: {len(state)} backbone tensors')
     fitting = []
     for name, model in backbones_to_try(args).items():
-        fit = compare(state, model)
-        report(name, fit)
-        if fit.fits:
+        comparison = compare_state_dict(state, model)
+        report(name, comparison)
+        if fits(comparison):
             fitting.append(name)
     if not fitting:
         sys.exit('verify_checkpoint: the checkpoint fits none of the variants tried')
