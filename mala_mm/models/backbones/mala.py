@@ -161,8 +161,8 @@ class MALA(BaseModule):
         self._is_init = True
 
     def forward(self, x: Tensor) -> tuple:
-        """x: (B, in_channels, H, W), any H, W >= 1. Returns, per out index i, (B, C_i, ceil(H/s_i),
-        ceil(W/s_i)) with s_i = 4, 8, 16, 32."""
+        """x: (B, in_channels, H, W), any H, W >= 1. Returns, per out index i, a contiguous
+        (B, C_i, ceil(H/s_i), ceil(W/s_i)) map with s_i = 4, 8, 16, 32."""
         if x.dim() != 4 or x.shape[1] != self.in_channels:
             raise ValueError(f'MALA expects a (B, {self.in_channels}, H, W) batch, got shape {tuple(x.shape)}')
         if x.shape[-1] == 0 or x.shape[-2] == 0:
@@ -172,7 +172,9 @@ class MALA(BaseModule):
         for i, stage in enumerate(self.layers):
             out, x = stage(x)
             if i in self.out_indices:
-                outs.append(self.extra_norms[str(i)](out))
+                # LayerNorm2d leaves channels-last strides; mmcv's RoIAlign and other compiled ops read their
+                # input as contiguous NCHW memory and would gather the wrong values from such a map
+                outs.append(self.extra_norms[str(i)](out).contiguous())
         return tuple(outs)
 
     def _freeze_stages(self):
