@@ -3,6 +3,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -14,6 +15,37 @@ OFFICIAL_LAYOUT_DIR = os.path.join(DATA_DIR, 'official_layout')
 
 # A small arch that keeps every structural feature of the released ones (4 stages, both attention kinds).
 SMALL_ARCH = dict(embed_dims=[16, 32, 48, 64], depths=[1, 1, 2, 1], num_heads=[1, 2, 3, 4])
+
+
+def pytest_report_header(config):
+    """The machine and stack the suite runs on. CPUs without bf16 units emulate bf16 matmuls (about 25 times
+    slower than fp32), and a source-built mmcv means that the first run spent its time compiling."""
+    import mmcv
+    source_file = os.path.join(sys.prefix, '.mala_mm_mmcv_source')
+    if os.path.isfile(source_file):
+        with open(source_file) as f:
+            mmcv_source = f.read().strip()
+    else:
+        mmcv_source = 'installed before tools/setup_env.sh ran'
+    return [f'cpu: capability {torch.backends.cpu.get_cpu_capability()}, {os.cpu_count()} cores, '
+            f'{torch.get_num_threads()} torch threads; a bf16 matmul takes {bf16_matmul_slowdown():.1f}x '
+            f'the time of fp32',
+            f'torch {torch.__version__}, mmcv {mmcv.__version__} ({mmcv_source})']
+
+
+def bf16_matmul_slowdown(size: int = 256, repeats: int = 5) -> float:
+    """Median time of a bf16 matmul over that of the same fp32 one, measured on this CPU."""
+    def median_time(a):
+        a @ a
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            a @ a
+            times.append(time.perf_counter() - start)
+        return sorted(times)[repeats // 2]
+
+    a = torch.randn(size, size)
+    return median_time(a.bfloat16()) / median_time(a)
 
 
 @pytest.fixture

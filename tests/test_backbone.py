@@ -68,6 +68,22 @@ def test_any_input_size(small_arch, size):
         assert list(out.shape) == expected and torch.isfinite(out).all()
 
 
+def test_outputs_are_contiguous_nchw_for_compiled_roi_ops(small_arch):
+    """mmcv's RoIAlign reads its input as contiguous NCHW memory whatever the strides; channels-last outputs
+    (what LayerNorm2d's permutes leave) reached it through the FPN and gave Mask R-CNN's RoI heads scrambled
+    features. The RoI features of the detector's FPN outputs must equal those of their contiguous copies."""
+    from mmcv.ops import roi_align
+    from mmdet.models.necks import FPN
+    model = MALA(arch=small_arch).train()
+    outputs = model(torch.randn(2, 3, 64, 96))
+    assert all(out.is_contiguous() for out in outputs)
+    neck = FPN(in_channels=small_arch['embed_dims'], out_channels=16, num_outs=4)
+    rois = torch.tensor([[0, 3., 5., 40., 30.], [1, 10., 2., 60., 50.]])
+    for level, (stride, feature) in enumerate(zip((4, 8, 16, 32), neck(outputs))):
+        pooled = roi_align(feature, rois, (7, 7), 1 / stride, 2, 'avg', True)
+        assert torch.equal(pooled, roi_align(feature.contiguous(), rois, (7, 7), 1 / stride, 2, 'avg', True)), level
+
+
 def test_all_mala_is_one_argument_away(small_arch):
     model = MALA(arch=small_arch, attn_types='mala')
     kinds = {type(block.attn).__name__ for stage in model.layers for block in stage.blocks}

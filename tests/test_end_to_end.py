@@ -19,6 +19,7 @@ from mala_mm.datasets import SEG_CLASSES
 
 DET_CONFIG = osp.join(ROOT, 'configs/detection/mask_rcnn_mala_t_builtin.py')
 SEG_CONFIG = osp.join(ROOT, 'configs/segmentation/upernet_mala_t_builtin.py')
+AMP_CONFIG = osp.join(ROOT, 'tests/data/upernet_mala_narrow_64px_builtin.py')
 NPROC = '2'
 DET_ITERS = 300  # about two and a half minutes on 2 free cores
 SEG_ITERS = 150
@@ -126,9 +127,12 @@ def test_segmentation_trains_evaluates_learns_and_resumes(builtin_workspace):
 
 def test_bf16_mixed_precision_training_stays_finite_and_learns(builtin_workspace):
     """A few hundred iterations under bfloat16 autocast (``--amp`` on CPU): every logged loss and gradient norm
-    and every trained weight is finite, and the model learns as much as the fp32 run above is required to."""
+    and every trained weight is finite, and the model learns as much as the fp32 run above is required to.
+
+    The model is the built-in UperNet with a narrow MALA at 64 x 64 pixels (AMP_CONFIG), sized so that the run
+    takes minutes on CPUs that emulate bf16 too."""
     work_dir = builtin_workspace / 'work_dirs' / 'amp'
-    output = run(['train.py', SEG_CONFIG, '--amp', '--work-dir', str(work_dir), *short_schedule(AMP_ITERS)],
+    output = run(['train.py', AMP_CONFIG, '--amp', '--work-dir', str(work_dir), *short_schedule(AMP_ITERS)],
                  builtin_workspace)
     assert 'CPUAmpOptimWrapper' in output
     logged = re.findall(r'Iter\(train\) \[\s*\d+/\d+\].*grad_norm: (\S+)\s+loss: (\S+)', output)
@@ -137,7 +141,7 @@ def test_bf16_mixed_precision_training_stays_finite_and_learns(builtin_workspace
     weights = safe_load(str(work_dir / f'iter_{AMP_ITERS}.pth'))['state_dict']
     assert all(torch.isfinite(tensor).all() for tensor in weights.values() if tensor.is_floating_point())
 
-    trained = metrics(run(['test.py', SEG_CONFIG, str(work_dir / f'iter_{AMP_ITERS}.pth')], builtin_workspace),
+    trained = metrics(run(['test.py', AMP_CONFIG, str(work_dir / f'iter_{AMP_ITERS}.pth')], builtin_workspace),
                       ['mIoU'])
     print(f'segmentation after {AMP_ITERS} bf16 iterations: {trained}')
     assert trained['mIoU'] > background_only_miou(builtin_workspace) + 40.0

@@ -55,6 +55,8 @@ install_mmcv_wheel() {  # $1: a wheel file; succeeds only if the installed mmcv 
     pip_install --no-deps --force-reinstall "$1" && pip_install "$1" && mmcv_works
 }
 
+# Where the installed mmcv came from, for the test suite's header: a slow run explains itself.
+MMCV_SOURCE="$VENV/.mala_mm_mmcv_source"
 if ! mmcv_works; then
     key="$("$PY" -c 'import sys, torch; print(f"mmcv'"$MMCV_VERSION"'-torch{torch.__version__}-cp{sys.version_info.major}{sys.version_info.minor}")')"
     cached_dir="$CACHE/wheels/$key"
@@ -63,7 +65,12 @@ if ! mmcv_works; then
         [[ -n "$dir" && -d "$dir" ]] || continue
         for whl in "$dir"/mmcv-"$MMCV_VERSION"-*.whl; do
             [[ -f "$whl" ]] || continue
-            if install_mmcv_wheel "$whl"; then installed=1; break 2; fi
+            if install_mmcv_wheel "$whl"; then
+                installed=1
+                if [[ "$dir" == "$cached_dir" ]]; then echo "cached wheel $whl"; else echo "wheel directory $whl"; fi \
+                    > "$MMCV_SOURCE"
+                break 2
+            fi
             log "$whl does not work with this torch/Python; trying the next source"
         done
     done
@@ -77,6 +84,7 @@ if ! mmcv_works; then
         mv "$build_dir"/mmcv-*.whl "$cached_dir"/
         rmdir "$build_dir"
         install_mmcv_wheel "$cached_dir"/mmcv-"$MMCV_VERSION"-*.whl || { log "the built mmcv does not import"; exit 1; }
+        echo "source build, kept as $(ls "$cached_dir"/mmcv-"$MMCV_VERSION"-*.whl)" > "$MMCV_SOURCE"
     fi
 fi
 
