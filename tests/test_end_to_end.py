@@ -22,6 +22,8 @@ SEG_CONFIG = osp.join(ROOT, 'configs/segmentation/upernet_mala_t_builtin.py')
 AMP_CONFIG = osp.join(ROOT, 'tests/data/upernet_mala_narrow_64px_builtin.py')
 NPROC = '2'
 DET_ITERS = 300  # about two and a half minutes on 2 free cores
+DET_MIN_AP = 0.5
+OTHER_DET_MIN_AP = 0.3
 SEG_ITERS = 150
 RESUME_ITERS = 10
 AMP_ITERS = 300
@@ -73,6 +75,11 @@ def background_only_miou(workspace):
 
 
 def test_detection_trains_evaluates_and_learns(builtin_workspace):
+    """Mask R-CNN MALA-T from scratch, 2 processes: COCO box and mask AP above DET_MIN_AP after DET_ITERS.
+
+    The margin: three seeds of this run scored box / mask AP {DET_MEASURED}; a model whose RoI heads see
+    misplaced features (the channels-last maps that mmcv's RoIAlign misread) scored below 0.01.
+    """
     work_dir = builtin_workspace / 'work_dirs' / 'mask_rcnn_mala_t_builtin'
     output = run(['dist_train.sh', DET_CONFIG, NPROC, *short_schedule(DET_ITERS),
                   f'param_scheduler.1.milestones=[{DET_ITERS * 4 // 5}]'], builtin_workspace)
@@ -86,16 +93,16 @@ def test_detection_trains_evaluates_and_learns(builtin_workspace):
     untrained = metrics(run(['dist_test.sh', DET_CONFIG, initial_checkpoint(DET_CONFIG, str(work_dir / 'init.pth')),
                              NPROC], builtin_workspace), names)
     print(f'detection after {DET_ITERS} iterations: {trained}; at initialisation: {untrained}')
-    # from scratch, a few hundred iterations only start to find the shapes (0.077 box and 0.044 mask AP50
-    # were measured): small in absolute terms, yet many times what an untrained or mislabelled model scores
     assert untrained['coco/bbox_mAP_50'] < 0.005
-    assert trained['coco/bbox_mAP_50'] > untrained['coco/bbox_mAP_50'] + 0.04
-    assert trained['coco/segm_mAP_50'] > untrained['coco/segm_mAP_50'] + 0.02
+    assert trained['coco/bbox_mAP'] > DET_MIN_AP and trained['coco/segm_mAP'] > DET_MIN_AP
 
     picture = builtin_workspace / 'demo_det.png'
     output = run(['demo.py', 'data/builtin/images/validation/000003.jpg', DET_CONFIG, str(checkpoint),
-                  '--out', str(picture), '--score-thr', '0.1'], builtin_workspace)
-    assert picture.is_file() and re.search(r'wrote .*: [1-9][0-9]* objects', output)
+                  '--out', str(picture), '--score-thr', '0.5', '--scale', '4', '--with-gt'], builtin_workspace)
+    # the validation image holds three stars; the picture is the annotation and the prediction side by side
+    found = re.search(r'wrote .*: (\d+) objects with score >= 0.5: (.*)', output)
+    assert found and int(found[1]) >= 3 and all(name.startswith('star ') for name in found[2].split(', ')), output
+    assert cv2.imread(str(picture)).shape == (512, 1024, 3)
 
 
 def test_segmentation_trains_evaluates_learns_and_resumes(builtin_workspace):
@@ -145,3 +152,20 @@ def test_bf16_mixed_precision_training_stays_finite_and_learns(builtin_workspace
                       ['mIoU'])
     print(f'segmentation after {AMP_ITERS} bf16 iterations: {trained}')
     assert trained['mIoU'] > background_only_miou(builtin_workspace) + 40.0
+
+
+@pytest.mark.parametrize('config, iters, metric_names', [
+    ('retinanet_mala_t_builtin.py', 200, ['coco/bbox_mAP']),
+    ('cascade_mask_rcnn_mala_t_builtin.py', 200, ['coco/bbox_mAP', 'coco/segm_mAP']),
+])
+def test_retinanet_and_cascade_mask_rcnn_learn(builtin_workspace, config, iters, metric_names):
+    """The other two detectors of the paper, MALA-T from scratch in one process, evaluated at the end of
+    training: every COCO AP above OTHER_DET_MIN_AP. Measured: {OTHER_DET_MEASURED}."""
+    work_dir = builtin_workspace / 'work_dirs' / config[:-3]
+    output = run(['train.py', osp.join(ROOT, 'configs/detection', config), '--work-dir', str(work_dir),
+                  '--cfg-options', f'train_cfg.max_iters={iters}', f'train_cfg.val_interval={iters}',
+                  f'param_scheduler.1.end={iters}', f'param_scheduler.1.milestones=[{iters * 4 // 5}]'],
+                 builtin_workspace)
+    found = metrics(output, metric_names)
+    print(f'{config} after {iters} iterations: {found}')
+    assert all(value > OTHER_DET_MIN_AP for value in found.values()), found

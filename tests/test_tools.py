@@ -2,12 +2,13 @@
 start what they should."""
 import os
 import os.path as osp
+import subprocess
 import sys
 
 import pytest
 import torch
 
-from conftest import ROOT, run_tool
+from conftest import ROOT, free_port, run_tool
 from test_checkpoint import WritesAFile
 
 DET_CONFIG = osp.join(ROOT, 'configs/detection/mask_rcnn_mala_t_builtin.py')
@@ -147,3 +148,22 @@ def test_slurm_launchers_start_one_task_per_gpu(tmp_path, tool, args, expected):
                              '--ntasks-per-node=8', '--cpus-per-task=5']
     assert srun_args[8:10] == ['--time=1:00:00', sys.executable]
     assert srun_args[11] == osp.join(ROOT, 'tools', expected[0]) and srun_args[12:-1] == expected[1:]
+
+
+def test_launchers_run_the_repository_venv_from_a_new_shell(builtin_workspace, tmp_path):
+    """In a new shell (PYTHON unset, no venv active) whose `python` has no torch, dist_train.sh still runs:
+    it takes the repository's .venv, which tools/setup_env.sh made."""
+    assert osp.isfile(osp.join(ROOT, '.venv', 'bin', 'python')), 'tools/setup_env.sh makes .venv'
+    bare = tmp_path / 'bin'
+    bare.mkdir()
+    (bare / 'python').write_text('#!/bin/sh\necho "ModuleNotFoundError: No module named \'torch\'" >&2\nexit 1\n')
+    (bare / 'python').chmod(0o755)
+    env = {key: value for key, value in os.environ.items() if key not in ('PYTHON', 'VIRTUAL_ENV')}
+    env['PATH'] = f'{bare}:{env["PATH"]}'
+    result = subprocess.run(
+        ['bash', osp.join(ROOT, 'tools', 'dist_train.sh'), SEG_CONFIG, '1', '--work-dir', str(tmp_path / 'work'),
+         '--cfg-options', 'train_cfg.max_iters=1', 'param_scheduler=None', 'default_hooks.checkpoint.interval=1',
+         'val_cfg=None', 'val_dataloader=None', 'val_evaluator=None'],
+        cwd=builtin_workspace, env=dict(env, PORT=free_port()), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / 'work' / 'iter_1.pth').is_file()

@@ -1,5 +1,5 @@
 # Checks shared by dist_train.sh and dist_test.sh, run before torchrun starts any process.
-PYTHON="${PYTHON:-python}"
+source "$(dirname "${BASH_SOURCE[0]}")/find_python.sh"
 
 usage_error() { echo "error: $*" >&2; exit 2; }
 

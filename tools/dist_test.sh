@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Usage: tools/dist_test.sh CONFIG CHECKPOINT GPUS [tools/test.py options]
-# Environment: NNODES, NODE_RANK, MASTER_ADDR, PORT (multi-node), PYTHON (interpreter, default: python).
+# Environment: NNODES, NODE_RANK, MASTER_ADDR, PORT (multi-node), PYTHON (interpreter, default: the
+# repository's .venv, else python).
 # Without CUDA the GPUS processes run on CPU with the gloo backend.
 set -euo pipefail
 TOOLS="$(dirname "$0")"

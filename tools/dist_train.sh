@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Usage: tools/dist_train.sh CONFIG GPUS [tools/train.py options]
-# Environment: NNODES, NODE_RANK, MASTER_ADDR, PORT (multi-node), PYTHON (interpreter, default: python).
+# Environment: NNODES, NODE_RANK, MASTER_ADDR, PORT (multi-node), PYTHON (interpreter, default: the
+# repository's .venv, else python).
 # Without CUDA the GPUS processes train on CPU with the gloo backend.
 set -euo pipefail
 TOOLS="$(dirname "$0")"

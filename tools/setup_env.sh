@@ -57,6 +57,21 @@ install_mmcv_wheel() {  # $1: a wheel file; succeeds only if the installed mmcv 
 
 # Where the installed mmcv came from, for the test suite's header: a slow run explains itself.
 MMCV_SOURCE="$VENV/.mala_mm_mmcv_source"
+# Wait for the build $1 writing to $2, with a line a minute: minutes so far and ninja's "[done/total]" count of
+# compiled files. Returns the build's exit status.
+show_progress() {
+    local pid="$1" build_log="$2" start=$SECONDS next=60 compiled
+    while kill -0 "$pid" 2>/dev/null; do
+        sleep 2
+        if (( SECONDS - start >= next )); then
+            compiled="$(grep -oE '^\[[0-9]+/[0-9]+\]' "$build_log" | tail -1 || true)"
+            log "building mmcv: $(( (SECONDS - start) / 60 )) min, files compiled: ${compiled:-none yet}"
+            next=$(( next + 60 ))
+        fi
+    done
+    wait "$pid"
+}
+
 if ! mmcv_works; then
     key="$("$PY" -c 'import sys, torch; print(f"mmcv'"$MMCV_VERSION"'-torch{torch.__version__}-cp{sys.version_info.major}{sys.version_info.minor}")')"
     cached_dir="$CACHE/wheels/$key"
@@ -75,12 +90,14 @@ if ! mmcv_works; then
         done
     done
     if [[ $installed == 0 ]]; then
-        log "building mmcv $MMCV_VERSION with its ops from source (15-30 minutes on 2 cores)"
         mkdir -p "$cached_dir"
         build_dir="$(mktemp -d)"
+        build_log="$cached_dir/build.log"
+        log "building mmcv $MMCV_VERSION with its ops from source (15-30 minutes on 2 cores); whole output: $build_log"
         MMCV_WITH_OPS=1 MAX_JOBS="${MAX_JOBS:-$(nproc)}" \
-            "$PY" -m pip wheel --disable-pip-version-check -q --no-build-isolation --no-deps \
-            -w "$build_dir" "mmcv==$MMCV_VERSION"
+            "$PY" -m pip wheel --disable-pip-version-check -v --no-build-isolation --no-deps \
+            -w "$build_dir" "mmcv==$MMCV_VERSION" > "$build_log" 2>&1 &
+        show_progress $! "$build_log" || { tail -20 "$build_log" >&2; log "the mmcv build failed; whole output: $build_log"; exit 1; }
         mv "$build_dir"/mmcv-*.whl "$cached_dir"/
         rmdir "$build_dir"
         install_mmcv_wheel "$cached_dir"/mmcv-"$MMCV_VERSION"-*.whl || { log "the built mmcv does not import"; exit 1; }

@@ -1,6 +1,8 @@
 # What slurm_train.sh and slurm_test.sh share, sourced by both.
 # slurm_run PARTITION JOB_NAME TOOL [TOOL ARGS...]: one srun task per GPU, each running tools/TOOL.
-# Environment: GPUS (8), GPUS_PER_NODE (8), CPUS_PER_TASK (5), SRUN_ARGS, PYTHON (python).
+# Environment: GPUS (8), GPUS_PER_NODE (8), CPUS_PER_TASK (5), SRUN_ARGS, PYTHON (default: the repository's .venv,
+# else python).
+source "$(dirname "${BASH_SOURCE[0]}")/find_python.sh"
 slurm_run() {
     local tools
     tools="$(dirname "${BASH_SOURCE[0]}")"
@@ -13,5 +15,5 @@ slurm_run() {
         --cpus-per-task="${CPUS_PER_TASK:-5}" \
         --kill-on-bad-exit=1 \
         ${SRUN_ARGS:-} \
-        "${PYTHON:-python}" -u "$tools/$3" "${@:4}"
+        "$PYTHON" -u "$tools/$3" "${@:4}"
 }
