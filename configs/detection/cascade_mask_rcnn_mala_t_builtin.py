@@ -6,11 +6,9 @@ norm_cfg = {{_base_.norm_cfg}}
 stage_target_stds = [[0.1, 0.1, 0.2, 0.2], [0.05, 0.05, 0.1, 0.1], [0.033, 0.033, 0.067, 0.067]]
 stage_ious = [0.5, 0.6, 0.7]
 model = dict(
-    data_preprocessor=dict(pad_size_divisor=32),
     backbone={{_base_.builtin_backbone}},
-    # heads narrower than COCO's, as in mask_rcnn_mala_t_builtin.py
-    neck=dict(in_channels=[64, 128, 256, 512], out_channels=128, norm_cfg=norm_cfg),
-    rpn_head=dict(in_channels=128, feat_channels=128, anchor_generator=dict(scales=[4])),  # objects: 33-67 px
+    neck={{_base_.builtin_neck}},
+    rpn_head={{_base_.builtin_rpn_head}},
     roi_head=dict(
         bbox_roi_extractor=dict(out_channels=128),
         bbox_head=[

@@ -3,12 +3,9 @@ _base_ = ['mmdet::_base_/models/mask-rcnn_r50_fpn.py', './_base_/builtin_runtime
 
 norm_cfg = {{_base_.norm_cfg}}
 model = dict(
-    data_preprocessor=dict(pad_size_divisor=32),
     backbone={{_base_.builtin_backbone}},
-    # heads narrower than COCO's: at this resolution they, the mask head above all, would cost more than
-    # the backbone; BN in the neck and heads lets them learn from scratch within a few hundred iterations
-    neck=dict(in_channels=[64, 128, 256, 512], out_channels=128, norm_cfg=norm_cfg),
-    rpn_head=dict(in_channels=128, feat_channels=128, anchor_generator=dict(scales=[4])),  # objects: 33-67 px
+    neck={{_base_.builtin_neck}},
+    rpn_head={{_base_.builtin_rpn_head}},
     roi_head=dict(
         bbox_roi_extractor=dict(out_channels=128),
         bbox_head=dict(

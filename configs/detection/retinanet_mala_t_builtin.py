@@ -1,12 +1,9 @@
 # MALA-T RetinaNet on the built-in shapes dataset, trained from scratch.
 _base_ = ['mmdet::_base_/models/retinanet_r50_fpn.py', './_base_/builtin_runtime.py']
 
-norm_cfg = {{_base_.norm_cfg}}
 model = dict(
-    data_preprocessor=dict(pad_size_divisor=32),
     backbone={{_base_.builtin_backbone}},
-    # FPN from stage 2 as in the paper's RetinaNet; heads narrower than COCO's, normalised to learn from scratch
-    neck=dict(in_channels=[64, 128, 256, 512], out_channels=128, norm_cfg=norm_cfg),
+    neck={{_base_.builtin_neck}},  # from stage 2 (mmdet's start_level=1), as in the paper's RetinaNet
     # GN, not BN: the head is shared by the pyramid levels, whose statistics BN would mix; from scratch it then
     # learns many times slower
     bbox_head=dict(in_channels=128, feat_channels=128, norm_cfg=dict(type='GN', num_groups=32), num_classes=4),

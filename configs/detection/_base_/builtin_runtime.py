@@ -12,6 +12,10 @@ builtin_backbone = dict(
     out_indices=(0, 1, 2, 3),
     norm_cfg=norm_cfg,
     init_cfg=None)
+# necks and heads narrower than COCO's: at this resolution they, the mask head above all, would cost more than
+# the backbone; BN in them lets them learn from scratch within a few hundred iterations
+builtin_neck = dict(in_channels=[64, 128, 256, 512], out_channels=128, norm_cfg=norm_cfg)
+builtin_rpn_head = dict(in_channels=128, feat_channels=128, anchor_generator=dict(scales=[4]))  # objects: 33-67 px
 
 max_iters = 500
 train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=max_iters)
