@@ -77,8 +77,10 @@ def background_only_miou(workspace):
 def test_detection_trains_evaluates_and_learns(builtin_workspace):
     """Mask R-CNN MALA-T from scratch, 2 processes: COCO box and mask AP above DET_MIN_AP after DET_ITERS.
 
-    The margin: three seeds of this run scored box / mask AP {DET_MEASURED}; a model whose RoI heads see
-    misplaced features (the channels-last maps that mmcv's RoIAlign misread) scored below 0.01.
+    The margin: this run (seed 0) scored box / mask AP 0.755 / 0.874, the demo's 500-iteration run 0.89 / 0.93.
+    0.5 is far below that, and far above what a detector whose RoI heads get scrambled features (channels-last
+    maps that mmcv's RoIAlign reads as NCHW memory) reaches: 0.006 / 0.001 after 100 iterations, where a working
+    one has 0.33 / 0.55.
     """
     work_dir = builtin_workspace / 'work_dirs' / 'mask_rcnn_mala_t_builtin'
     output = run(['dist_train.sh', DET_CONFIG, NPROC, *short_schedule(DET_ITERS),
@@ -160,7 +162,8 @@ def test_bf16_mixed_precision_training_stays_finite_and_learns(builtin_workspace
 ])
 def test_retinanet_and_cascade_mask_rcnn_learn(builtin_workspace, config, iters, metric_names):
     """The other two detectors of the paper, MALA-T from scratch in one process, evaluated at the end of
-    training: every COCO AP above OTHER_DET_MIN_AP. Measured: {OTHER_DET_MEASURED}."""
+    training: every COCO AP above OTHER_DET_MIN_AP. Measured (seed 0): RetinaNet box AP 0.553, Cascade Mask
+    R-CNN box / mask AP 0.611 / 0.628; an untrained detector scores 0."""
     work_dir = builtin_workspace / 'work_dirs' / config[:-3]
     output = run(['train.py', osp.join(ROOT, 'configs/detection', config), '--work-dir', str(work_dir),
                   '--cfg-options', f'train_cfg.max_iters={iters}', f'train_cfg.val_interval={iters}',

@@ -10,12 +10,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 step() { printf '\n==== [%s] %s\n' "$(date -u -d "@$SECONDS" +%M:%S)" "$*"; }
-# a step's output: all of it to the log, to the screen only progress, results and errors
+# a step's output: all of it to the log, to the screen only progress, results and errors (COCO AP, which mmdet
+# prints as a fraction, appears in the closing table as a percentage)
 run_logged() {  # $1: log file; the rest: the command
     local log="$1"; shift
     mkdir -p "$(dirname "$log")"
     if ! "$@" 2>&1 | tee "$log" | { grep --line-buffered -E \
-            'Iter\(train\) \[ *[0-9]*[05]0/|Iter\((val|test)\) \[ *[0-9]+/[0-9]+\] +(coco|aAcc)|^wrote|: query max|^error' \
+            'Iter\(train\) \[ *[0-9]*[05]0/|Iter\((val|test)\) \[ *[0-9]+/[0-9]+\] +aAcc|^wrote|: query max|^error' \
             | sed -u -E 's/^[0-9/]+ [0-9:]+ - mmengine - INFO - //; s/ +(base_lr|data_time|memory|time): [^ ]+//g' \
             || true; }; then
         grep -E -A3 'Error|Traceback' "$log" | tail -20 >&2
