@@ -18,8 +18,8 @@ SMALL_ARCH = dict(embed_dims=[16, 32, 48, 64], depths=[1, 1, 2, 1], num_heads=[1
 
 
 def pytest_report_header(config):
-    """The machine and stack the suite runs on. CPUs without bf16 units emulate bf16 matmuls (about 25 times
-    slower than fp32), and a source-built mmcv means that the first run spent its time compiling."""
+    """The machine and stack the suite runs on. CPUs without bf16 units emulate bf16 matmuls, tens of times
+    slower than fp32, and a source-built mmcv means that the first run spent its time compiling."""
     import mmcv
     source_file = os.path.join(sys.prefix, '.mala_mm_mmcv_source')
     if os.path.isfile(source_file):

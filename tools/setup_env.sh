@@ -55,8 +55,6 @@ install_mmcv_wheel() {  # $1: a wheel file; succeeds only if the installed mmcv 
     pip_install --no-deps --force-reinstall "$1" && pip_install "$1" && mmcv_works
 }
 
-# Where the installed mmcv came from, for the test suite's header: a slow run explains itself.
-MMCV_SOURCE="$VENV/.mala_mm_mmcv_source"
 # Wait for the build $1 writing to $2, with a line a minute: minutes so far and ninja's "[done/total]" count of
 # compiled files. Returns the build's exit status.
 show_progress() {
@@ -72,6 +70,8 @@ show_progress() {
     wait "$pid"
 }
 
+# Where the installed mmcv came from, for the test suite's header: a slow run explains itself.
+MMCV_SOURCE="$VENV/.mala_mm_mmcv_source"
 if ! mmcv_works; then
     key="$("$PY" -c 'import sys, torch; print(f"mmcv'"$MMCV_VERSION"'-torch{torch.__version__}-cp{sys.version_info.major}{sys.version_info.minor}")')"
     cached_dir="$CACHE/wheels/$key"
