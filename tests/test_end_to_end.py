@@ -163,7 +163,7 @@ def test_bf16_mixed_precision_training_stays_finite_and_learns(builtin_workspace
 def test_retinanet_and_cascade_mask_rcnn_learn(builtin_workspace, config, iters, metric_names):
     """The other two detectors of the paper, MALA-T from scratch in one process, evaluated at the end of
     training: every COCO AP above OTHER_DET_MIN_AP. Measured (seed 0): RetinaNet box AP 0.553, Cascade Mask
-    R-CNN box / mask AP 0.611 / 0.628. 0.3 is about half of that, and some thirty times what the RetinaNet with
+    R-CNN box / mask AP 0.611 / 0.628. 0.3 is about half of that, and more than ten times what the RetinaNet with
     BN in its shared head reached after 300 iterations (0.026)."""
     work_dir = builtin_workspace / 'work_dirs' / config[:-3]
     output = run(['train.py', osp.join(ROOT, 'configs/detection', config), '--work-dir', str(work_dir),
