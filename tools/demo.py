@@ -107,13 +107,12 @@ def main():
     image = mmcv.imread(args.image, channel_order='rgb')
     os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
     model, result = predict(scope, args)
+    classes = model.dataset_meta['classes']
     if scope == 'mmdet':
         kept = result.pred_instances[result.pred_instances.scores >= args.score_thr]
-        classes = model.dataset_meta['classes']
         summary = f'{len(kept)} objects with score >= {args.score_thr}: ' + ', '.join(
             f'{classes[label]} {score:.2f}' for label, score in zip(kept.labels.tolist(), kept.scores.tolist()))
     else:
-        classes = model.dataset_meta['classes']
         summary = 'classes present: ' + ', '.join(classes[i] for i in result.pred_sem_seg.data.unique().tolist())
     if args.with_gt:
         annotation = ground_truth(cfg, args.image)

@@ -9,7 +9,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n==== [%s] %s\n' "$(date -u -d "@$SECONDS" +%M:%S)" "$*"; }
+elapsed() { printf '%d:%02d' $((SECONDS / 60)) $((SECONDS % 60)); }  # minutes past 59 included (an mmcv build)
+step() { printf '\n==== [%s] %s\n' "$(elapsed)" "$*"; }
 # a step's output: all of it to the log, to the screen only progress, results and errors (COCO AP, which mmdet
 # prints as a fraction, appears in the closing table as a percentage)
 run_logged() {  # $1: log file; the rest: the command
@@ -82,4 +83,4 @@ PYCODE
 echo "pictures:"
 for config in "$DET" "$SEG"; do echo "    work_dirs/$(basename "$config" .py)/demo.png (annotation | prediction)"; done
 for picture in "$INSIGHT"/*.png; do echo "    $picture"; done
-echo "logs: work_dirs/*/train.log, test.log; total: $(date -u -d "@$SECONDS" +%M:%S)"
+echo "logs: work_dirs/*/train.log, test.log; total: $(elapsed)"
