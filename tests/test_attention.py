@@ -97,7 +97,7 @@ def test_softmax_attention_equals_explicit_softmax(qkv, rope):
 
 def test_rope_is_a_rotation_by_row_and_column_angles():
     rotation = RoPE2d(D).double().tables(H, W, dtype=torch.float64)
-    assert rotation.shape == (N, D // 2) and rotation.dtype == torch.complex128
+    assert all(t.shape == (N, D) and t.dtype == torch.float64 for t in rotation)
     theta = 1 / 10000 ** torch.linspace(0, 1, D // 4, dtype=torch.float64)
     token = 2 * W + 3                                                       # row 2, column 3
     angles = torch.cat([2 * theta.repeat_interleave(2), 3 * theta.repeat_interleave(2)])
@@ -108,6 +108,13 @@ def test_rope_is_a_rotation_by_row_and_column_angles():
     torch.testing.assert_close(apply_rope(x, rotation)[token], expected)
     pair_norm = lambda t: t.unflatten(-1, (-1, 2)).norm(dim=-1)
     torch.testing.assert_close(pair_norm(apply_rope(x, rotation)), pair_norm(x))
+
+
+def test_rope_tables_are_fp32_for_every_feature_dtype_but_fp64():
+    rope = RoPE2d(D)
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        assert all(t.dtype == torch.float32 for t in rope.tables(H, W, dtype))
+    assert rope.tables(H, W, torch.float16) is rope.tables(H, W, torch.float32)  # one cached entry
 
 
 def test_rope_keeps_low_precision_dtypes():

@@ -43,7 +43,7 @@ def test_drawn_scores_are_what_the_attention_module_computes(insight, backbone, 
     # and for the block's own kind they rebuild the module's output: proj((Y + LePE(v)) * o)
     own_kind = {'mala': 'MALA', 'softmax': 'softmax'}[backbone.attn_types[stage]]
     scores = insight.score_matrix(own_kind, attention.q, attention.k, attention.rope)
-    _, _, v, o = attention.qkvo.chunk(4, dim=1)
+    _, _, v, o = attention.qkvo
     y = merge_heads(scores @ attention.v, v)
     with torch.no_grad():
         rebuilt = module.proj((y + module.lepe(v)) * o)

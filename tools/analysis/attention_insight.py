@@ -22,7 +22,7 @@ import argparse
 import math
 import os
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 import cv2
 import matplotlib
@@ -37,7 +37,7 @@ from torch import Tensor  # noqa: E402
 
 from mala_mm import MALA  # noqa: E402
 from mala_mm.checkpoint import CheckpointError, load_backbone_weights  # noqa: E402
-from mala_mm.models.layers import linear_attention, mala_attention, softmax_attention  # noqa: E402
+from mala_mm.models.layers import RotaryTables, linear_attention, mala_attention, softmax_attention  # noqa: E402
 
 KINDS = {'MALA': mala_attention, 'linear': linear_attention, 'softmax': softmax_attention}
 # the configs' data_preprocessor (ImageNet statistics, RGB)
@@ -52,10 +52,10 @@ class BlockAttention:
     q: Tensor  # (B, h, N, d) raw projections, before φ and RoPE
     k: Tensor
     v: Tensor
-    rope: Tensor  # (N, d/2) the stage's rotations
+    rope: RotaryTables  # the stage's (N, d) RoPE tables
     height: int  # the token map
     width: int
-    qkvo: Tensor  # (B, 4C, H, W) the projection's output
+    qkvo: Tuple[Tensor, Tensor, Tensor, Tensor]  # the projection's (B, C, H, W) q, k, v, o
     output: Tensor  # (B, C, H, W) the module's output
 
 
@@ -86,19 +86,14 @@ def capture_block(backbone: MALA, images: Tensor, stage: int, block: int) -> Blo
     finally:
         for hook in hooks:
             hook.remove()
-    qkvo = seen['qkvo']
-    batch, _, height, width = qkvo.shape
-
-    def split_heads(t: Tensor) -> Tensor:  # (B, C, H, W) -> (B, h, N, d), channels head-major
-        return t.reshape(batch, attn.num_heads, -1, height * width).transpose(-2, -1)
-
-    q, k, v, _ = qkvo.chunk(4, dim=1)
+    q, k, v, o = seen['qkvo']
+    height, width = q.shape[-2:]
     rope = backbone.layers[stage].RoPE.tables(height, width, dtype=q.dtype)
-    return BlockAttention(split_heads(q), split_heads(k), split_heads(v), rope, height, width, qkvo,
-                          seen['output'])
+    return BlockAttention(attn.split_heads(q), attn.split_heads(k), attn.split_heads(v), rope, height, width,
+                          (q, k, v, o), seen['output'])
 
 
-def score_matrix(kind: str, q: Tensor, k: Tensor, rope: Optional[Tensor]) -> Tensor:
+def score_matrix(kind: str, q: Tensor, k: Tensor, rope: Optional[RotaryTables]) -> Tensor:
     """(..., N, N) scores of ``kind`` from (..., N, d) q, k: the attention of the identity matrix as values."""
     num_tokens = q.shape[-2]
     identity = torch.eye(num_tokens, dtype=q.dtype, device=q.device).expand(*q.shape[:-2], -1, -1)

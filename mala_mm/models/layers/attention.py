@@ -3,73 +3,100 @@
 Both share one skeleton (:class:`GatedAttention`); they differ only in the function that turns per-head
 q, k, v into the attention result, :func:`mala_attention` or :func:`softmax_attention`.
 """
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .rope import RoPE2d, apply_rope
+from .rope import RoPE2d, RotaryTables, apply_rope
 
-Rotations = Optional[Tensor]  # (N, d/2) complex rotations from RoPE2d.tables, or None
-
-
-def _power_of_two_above(x: Tensor) -> Tensor:
-    """``2^e`` with ``x = m 2^e``, ``1/2 <= m < 1`` (1 where x is 0): dividing by it is exact in every float format."""
-    x = x.detach()
-    return torch.ldexp(torch.ones_like(x), torch.frexp(x).exponent)
+LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
-def mala_attention(q: Tensor, k: Tensor, v: Tensor, rope: Rotations = None, eps: float = 1e-6) -> Tensor:
+def mala_attention(q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables] = None,
+                   eps: float = 1e-6) -> Tensor:
     """Magnitude-aware linear attention in O(N d^2).
 
-    The effective score of query i on key j is ``beta_i * s_ij - gamma_i`` with
-    ``s_ij = phi(q_i).phi(k_j) d^-1/2 / N``, ``z_i = sum_j s_ij``, ``beta_i = 1 + 1/z_i``, ``gamma_i = z_i / N``,
-    so every row sums to one and a larger ``|phi(q_i)|`` gives a spikier row. The N x N matrix is never formed.
+    With the kernel ``phi(x) = elu(x) + 1``, ``s = d^-1/2`` and RoPE applied after the kernel
+    (``q~ = RoPE(phi(q))``, ``k~ = RoPE(phi(k))``)::
 
-    Under autocast, or with fp16/bf16 inputs, only the two matmuls run in low precision; ``phi``, ``z``, ``beta``
-    and the mean of v are computed in fp32. ``beta`` amplifies any error of ``z`` when ``z`` is small, and
-    ``elu(x) + 1`` computed in bf16 is 0 for x below about -6 where it should be ``e^x``. The matmul operands are
-    scaled by powers of two to about unit size (per query, per head of keys, per value channel) and the product
-    scaled back in fp32, so fp16 neither overflows nor underflows in between; powers of two are exact, so the
-    fp32 result is unchanged.
+        z_i    = s phi(q_i) . mean_j phi(k_j)          (before RoPE)
+        beta_i = 1 + 1 / (z_i + eps),   gamma_i = z_i / N
+        KV     = s / N  sum_j k~_j^T v_j               (d x d per head)
+        Y_i    = beta_i q~_i KV - gamma_i sum_j v_j
+
+    This is the effective score ``beta_i s_ij - gamma_i`` with ``s_ij = s q~_i . k~_j / N`` applied to v, without
+    forming the N x N matrix; a larger ``|phi(q_i)|`` gives a spikier row. The rows sum to one when RoPE is the
+    identity. Only the two matmuls of ``q~ KV`` run in low precision (see :func:`_low_precision_product`).
 
     Args:
         q, k, v: (B, h, N, d) per-head projections.
-        rope: (N, d/2) complex rotations from :meth:`RoPE2d.tables`, or None for no rotation.
+        rope: the (N, d) tables of :meth:`RoPE2d.tables`, or None for no rotation.
         eps: keeps ``1 / z`` finite.
 
     Returns:
         (B, h, N, d) in the dtype of v.
     """
     num_tokens, head_dims = q.shape[-2:]
-    scale = head_dims ** -0.5
-    dtype, full = v.dtype, torch.promote_types(v.dtype, torch.float32)     # of the matmuls, of the normaliser
+    s = head_dims ** -0.5
+    out_dtype, matmul_dtype = v.dtype, _matmul_dtype(v)
     with torch.autocast(q.device.type, enabled=False):
-        q, k, v = F.elu(q.to(full)) + 1, F.elu(k.to(full)) + 1, v.to(full)  # phi(q), phi(k)
-        z = scale * (q @ k.mean(-2, keepdim=True).transpose(-2, -1))         # z_i, un-rotated
-        v_mean = v.mean(-2, keepdim=True)                                    # mean_j v_j
-        # max |q_i| and max |k| become about 1, max |v| d^-1/2 / N about N^-1/2: KV stays below N^1/2
-        q_unit = _power_of_two_above(q.amax(-1, keepdim=True))
-        k_unit = _power_of_two_above(k.amax((-2, -1), keepdim=True))
-        v_unit = _power_of_two_above(v.abs().amax(-2, keepdim=True) * (scale / num_tokens ** 0.5))
-        q, k, v = q / q_unit, k / k_unit, v * (scale / num_tokens / v_unit)
+        q, k, v = (t.to(torch.promote_types(t.dtype, torch.float32)) for t in (q, k, v))
+        phi_q, phi_k = F.elu(q) + 1, F.elu(k) + 1
+        z = s * (phi_q @ phi_k.mean(-2, keepdim=True).transpose(-2, -1))
+        beta = 1 + 1 / (z + eps)
         if rope is not None:
-            q, k = apply_rope(q, rope), apply_rope(k, rope)                  # q~, k~
-    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    kv = k.transpose(-2, -1) @ v  # KV = d^-1/2 / N sum_j k~_j^T v_j, over k_unit and v_unit
-    beta = 1 + 1 / (z + eps)                                                     # beta_i
-    y = beta * (q_unit * k_unit) * (q @ kv).to(full) * v_unit                  # beta_i q~_i KV
-    return (y - z * v_mean).to(dtype)                                          # - gamma_i sum_j v_j (gamma_i N = z_i)
+            phi_q, phi_k = apply_rope(phi_q, rope), apply_rope(phi_k, rope)
+        # beta_i q~_i KV with KV's factor s / N moved onto beta (N values, not N d), then - gamma_i sum_j v_j
+        y = (beta * (s / num_tokens)) * _low_precision_product(phi_q, phi_k, v, matmul_dtype)
+        y = y.addcmul_(z, v.mean(-2, keepdim=True), value=-1)                               # gamma_i N = z_i
+    return y.to(out_dtype)
 
 
-def linear_attention(q: Tensor, k: Tensor, v: Tensor, rope: Rotations = None, eps: float = 1e-6) -> Tensor:
+def _matmul_dtype(x: Tensor) -> torch.dtype:
+    """The dtype a matmul of ``x`` runs in: autocast's where autocast is on and applies to x, else x's own."""
+    device = x.device.type
+    if x.dtype in (torch.float32, *LOW_PRECISION) and torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return x.dtype
+
+
+def _low_precision_product(q: Tensor, k: Tensor, v: Tensor, dtype: torch.dtype) -> Tensor:
+    """``q @ (k^T @ v)`` with both matmuls in ``dtype``, returned in the (fp32 or fp64) dtype of the inputs.
+
+    In fp16 and bf16 the operands are first divided by powers of two that bring them to about unit size (per
+    query, per head of keys, per value channel; v also by N^1/2, so that the sum over N tokens in ``k^T v`` stays
+    below N^1/2) and the product is scaled back in fp32: fp16 neither overflows nor underflows in between, and
+    powers of two are exact, so nothing else changes. The normaliser ``beta`` amplifies any error of ``z`` where z
+    is small, which is why z, beta and phi stay in fp32 (``elu(x) + 1`` in bf16 is 0 below about -6 where it
+    should be ``e^x``).
+    """
+    if dtype not in LOW_PRECISION:
+        return q.to(dtype) @ (k.to(dtype).transpose(-2, -1) @ v.to(dtype))
+    q_unit = _power_of_two_above(q.abs().amax(-1, keepdim=True))
+    k_unit = _power_of_two_above(k.abs().amax((-2, -1), keepdim=True))
+    v_unit = _power_of_two_above(v.abs().amax(-2, keepdim=True) * k.shape[-2] ** 0.5)
+    q, k, v = (q / q_unit).to(dtype), (k / k_unit).to(dtype), (v / v_unit).to(dtype)
+    return (q @ (k.transpose(-2, -1) @ v)).to(q_unit.dtype) * (q_unit * k_unit) * v_unit
+
+
+def _power_of_two_above(x: Tensor) -> Tensor:
+    """A power of two from x to about 2x (1 where x is 0): dividing by it is exact in every float format.
+
+    ``frexp`` would give it directly, but ONNX has no operator for it; ``log2`` and ``exp2`` of integers are exact.
+    """
+    x = x.detach()
+    return torch.where(x > 0, torch.exp2(torch.floor(torch.log2(x)) + 1), torch.ones_like(x))
+
+
+def linear_attention(q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables] = None, eps: float = 1e-6) -> Tensor:
     """Plain (magnitude-blind) linear attention ``phi(q~) (sum_j phi(k~_j)^T v_j) / (phi(q) sum_m phi(k_m)^T)``.
 
     The reference MALA improves on; the norm of ``phi(q_i)`` cancels between numerator and denominator.
 
     Args:
-        q, k, v: (B, h, N, d); rope: (N, d/2) complex rotations or None.
+        q, k, v: (B, h, N, d); rope: (N, d) tables from :meth:`RoPE2d.tables`, or None.
     """
     q, k = F.elu(q) + 1, F.elu(k) + 1
     denominator = q @ k.sum(dim=-2, keepdim=True).transpose(-2, -1)     # (B, h, N, 1)
@@ -78,15 +105,31 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, rope: Rotations = None, ep
     return (q @ (k.transpose(-2, -1) @ v)) / (denominator + eps)
 
 
-def softmax_attention(q: Tensor, k: Tensor, v: Tensor, rope: Rotations = None) -> Tensor:
+def softmax_attention(q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables] = None) -> Tensor:
     """``softmax(d^-1/2 q~ k~^T) v`` on RoPE-rotated raw q, k; fused kernels, no N x N matrix where available.
 
     Args:
-        q, k, v: (B, h, N, d); rope: (N, d/2) complex rotations or None.
+        q, k, v: (B, h, N, d); rope: (N, d) tables from :meth:`RoPE2d.tables`, or None.
     """
     if rope is not None:
         q, k = apply_rope(q, rope), apply_rope(k, rope)
     return F.scaled_dot_product_attention(q, k, v)
+
+
+class QKVOProjection(nn.Conv2d):
+    """The 1x1 conv from (B, C, H, W) to the queries, keys, values and output gate, four (B, C, H, W) maps.
+
+    One conv of 4C output channels (as released), computed as four convs over views of its weight: each map then
+    comes out dense, where one conv's output chunks would be strided views, on which elementwise ops run several
+    times slower.
+    """
+
+    def __init__(self, embed_dims: int):
+        super().__init__(embed_dims, 4 * embed_dims, 1)
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        return tuple(self._conv_forward(x, weight, bias)
+                     for weight, bias in zip(self.weight.chunk(4), self.bias.chunk(4)))
 
 
 class GatedAttention(nn.Module):
@@ -108,28 +151,28 @@ class GatedAttention(nn.Module):
             raise ValueError(f'{type(self).__name__}: head width {embed_dims // num_heads} '
                              f'({embed_dims} channels / {num_heads} heads) must be a multiple of 4 for 2-D RoPE')
         self.num_heads = num_heads
-        self.qkvo = nn.Conv2d(embed_dims, 4 * embed_dims, 1)
+        self.qkvo = QKVOProjection(embed_dims)
         self.lepe = nn.Conv2d(embed_dims, embed_dims, 5, padding=2, groups=embed_dims)
         self.proj = nn.Conv2d(embed_dims, embed_dims, 1)
 
     @staticmethod
-    def attend(q: Tensor, k: Tensor, v: Tensor, rope: Rotations) -> Tensor:
+    def attend(q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables]) -> Tensor:
         """(B, h, N, d) q, k, v to the (B, h, N, d) attention result."""
         raise NotImplementedError
+
+    def split_heads(self, x: Tensor) -> Tensor:
+        """(B, C, H, W) to (B, h, N, d), tokens row-major; a view where x is channels-last."""
+        batch, _, height, width = x.shape
+        return x.permute(0, 2, 3, 1).reshape(batch, height * width, self.num_heads, -1).transpose(1, 2)
 
     def forward(self, x: Tensor, rope: Optional[RoPE2d] = None) -> Tensor:
         """x: (B, C, H, W); rope: the stage's RoPE (head width C / h), or None. Returns (B, C, H, W)."""
         batch, channels, height, width = x.shape
-        q, k, v, o = self.qkvo(x).chunk(4, dim=1)
-        lepe = self.lepe(v)
-
-        def split_heads(t: Tensor) -> Tensor:  # (B, C, H, W) -> (B, h, N, d)
-            return t.reshape(batch, self.num_heads, -1, height * width).transpose(-2, -1)
-
+        q, k, v, o = self.qkvo(x)
         tables = None if rope is None else rope.tables(height, width, dtype=q.dtype)
-        y = self.attend(split_heads(q), split_heads(k), split_heads(v), tables)
-        y = y.transpose(-2, -1).reshape(batch, channels, height, width)
-        return self.proj((y + lepe) * o)
+        y = self.attend(self.split_heads(q), self.split_heads(k), self.split_heads(v), tables)
+        y = y.transpose(1, 2).reshape(batch, height, width, channels).permute(0, 3, 1, 2)  # channels-last
+        return self.proj((y + self.lepe(v)) * o)
 
 
 class MALAttention(GatedAttention):

@@ -60,6 +60,23 @@ class ConvDownsample(nn.Module):
         return self.norm(self.reduction(x))
 
 
+class ResidualDWConv(nn.Conv2d):
+    """``x + DWConv(x)``, a depth-wise conv (size-preserving, odd kernel) with its input added back.
+
+    Computed as one conv whose kernel has 1 added at its centre: one pass over the map instead of a conv and an
+    add. The parameters are those of the plain conv, so the state dict is unchanged.
+    """
+
+    def __init__(self, channels: int, kernel_size: int):
+        super().__init__(channels, channels, kernel_size, padding=kernel_size // 2, groups=channels)
+
+    def forward(self, x: Tensor) -> Tensor:
+        centre = self.kernel_size[0] // 2
+        identity = torch.zeros_like(self.weight)
+        identity[..., centre, centre] = 1
+        return self._conv_forward(x, self.weight + identity, self.bias)
+
+
 class ConvFFN(nn.Module):
     """conv1x1 (C -> hidden), GELU, residual depth-wise 3x3 conv, conv1x1 (hidden -> C)."""
 
@@ -67,12 +84,11 @@ class ConvFFN(nn.Module):
         super().__init__()
         self.fc1 = nn.Conv2d(embed_dims, hidden_dims, 1)
         self.act = nn.GELU()
-        self.dwconv = nn.Conv2d(hidden_dims, hidden_dims, 3, padding=1, groups=hidden_dims)
+        self.dwconv = ResidualDWConv(hidden_dims, 3)
         self.fc2 = nn.Conv2d(hidden_dims, embed_dims, 1)
 
     def forward(self, x: Tensor) -> Tensor:
-        x = self.act(self.fc1(x))
-        return self.fc2(x + self.dwconv(x))
+        return self.fc2(self.dwconv(self.act(self.fc1(x))))
 
 
 class MALABlock(nn.Module):
@@ -94,7 +110,7 @@ class MALABlock(nn.Module):
                  drop_path: float = 0., layer_scale_init: Optional[float] = 1.0, with_cp: bool = False):
         super().__init__()
         self.with_cp = with_cp
-        self.pos = nn.Conv2d(embed_dims, embed_dims, 3, padding=1, groups=embed_dims)
+        self.pos = ResidualDWConv(embed_dims, 3)
         self.norm1 = LayerNorm2d(embed_dims)
         self.attn = ATTENTION_KINDS[attn_type](embed_dims, num_heads)
         self.norm2 = LayerNorm2d(embed_dims)
@@ -107,7 +123,7 @@ class MALABlock(nn.Module):
             self.gamma_2 = nn.Parameter(torch.full((1, embed_dims, 1, 1), float(layer_scale_init)))
 
     def _forward(self, x: Tensor, rope: Optional[RoPE2d]) -> Tensor:
-        x = x + self.pos(x)
+        x = self.pos(x)
         attn = self.attn(self.norm1(x), rope)
         x = x + self.drop_path(attn if self.gamma_1 is None else self.gamma_1 * attn)
         ffn = self.ffn(self.norm2(x))

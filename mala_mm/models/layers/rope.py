@@ -1,23 +1,34 @@
 """Two-dimensional rotary position embedding (RoPE) as MALA uses it."""
-from typing import Dict
+from typing import Dict, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 
-def apply_rope(x: Tensor, rotation: Tensor) -> Tensor:
+class RotaryTables(NamedTuple):
+    """cos and sign-folded sin of every token's angles, each (N, d), float32 (float64 for float64 features).
+
+    ``sin`` holds ``-sin`` at even channels and ``+sin`` at odd ones, so that :func:`apply_rope` needs only a swap
+    of each channel pair, not a negation.
+    """
+    cos: Tensor
+    sin: Tensor
+
+
+def apply_rope(x: Tensor, tables: RotaryTables) -> Tensor:
     """``RoPE(x) = x * cos + rot(x) * sin``, with ``rot`` mapping each channel pair ``(x_2m, x_2m+1)`` to
-    ``(-x_2m+1, x_2m)``: the pair is the complex number ``x_2m + i x_2m+1`` multiplied by ``cos + i sin``.
+    ``(-x_2m+1, x_2m)``: each pair rotated by its angle.
 
     Args:
         x: (..., N, d) features of N tokens.
-        rotation: (N, d/2) complex unit numbers from :meth:`RoPE2d.tables`.
+        tables: the (N, d) tables of :meth:`RoPE2d.tables`.
 
     Returns:
         (..., N, d) in the dtype of x.
     """
-    pairs = torch.view_as_complex(x.to(rotation.real.dtype).contiguous().unflatten(-1, (-1, 2)))
-    return torch.view_as_real(pairs * rotation).flatten(-2).to(x.dtype)
+    features = x.to(tables.cos.dtype)
+    swapped = features.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (x_2m+1, x_2m); the sign is in tables.sin
+    return torch.addcmul(features * tables.cos, swapped, tables.sin).to(x.dtype)
 
 
 class RoPE2d(nn.Module):
@@ -43,28 +54,35 @@ class RoPE2d(nn.Module):
         self.register_buffer('angle', theta.repeat_interleave(2))
         # Tables depend only on (H, W, device, dtype) and `angle`; feature maps of a stage keep their size
         # through a forward pass and often across passes, so each size is computed once.
-        self._tables: Dict[tuple, Tensor] = {}
+        self._tables: Dict[tuple, RotaryTables] = {}
 
     @property
     def head_dims(self) -> int:
         return 2 * self.angle.numel()
 
-    def tables(self, height: int, width: int, dtype: torch.dtype = torch.float32) -> Tensor:
-        """Return the (height * width, d / 2) complex rotations of tokens flattened row-major, in complex128 for
-        float64 features and complex64 otherwise."""
+    def tables(self, height: int, width: int, dtype: torch.dtype = torch.float32) -> RotaryTables:
+        """The tables of an (height, width) map with tokens flattened row-major, for features of ``dtype``:
+        float64 for float64 features, float32 otherwise (RoPE is applied in at least fp32)."""
+        dtype = torch.promote_types(dtype, torch.float32)
+        if torch.jit.is_tracing() or torch.compiler.is_compiling():
+            # a traced or exported graph computes them from its input's size, which may differ from the example's
+            return self._compute(height, width, dtype)
         key = (height, width, self.angle.device, dtype)
         if key not in self._tables:
             if len(self._tables) >= 8:  # bounded: multi-scale training sees many sizes
                 self._tables.pop(next(iter(self._tables)))
-            angle = self.angle
-            rows = torch.arange(height, device=angle.device, dtype=angle.dtype)
-            cols = torch.arange(width, device=angle.device, dtype=angle.dtype)
-            row_angles = (rows[:, None] * angle).unsqueeze(1).expand(height, width, -1)
-            col_angles = (cols[:, None] * angle).unsqueeze(0).expand(height, width, -1)
-            angles = torch.cat((row_angles, col_angles), dim=-1).flatten(0, 1)[:, 0::2]  # one angle per pair
-            angles = angles.to(torch.promote_types(dtype, torch.float32))
-            self._tables[key] = torch.polar(torch.ones_like(angles), angles)
+            self._tables[key] = self._compute(height, width, dtype)
         return self._tables[key]
+
+    def _compute(self, height, width, dtype: torch.dtype) -> RotaryTables:
+        angle = self.angle.to(dtype)
+        rows = torch.arange(height, device=angle.device, dtype=dtype)
+        cols = torch.arange(width, device=angle.device, dtype=dtype)
+        row_angles = (rows[:, None] * angle).unsqueeze(1).expand(-1, cols.shape[0], -1)  # (H, W, d/2)
+        col_angles = (cols[:, None] * angle).unsqueeze(0).expand(rows.shape[0], -1, -1)
+        angles = torch.cat((row_angles, col_angles), dim=-1).flatten(0, 1)               # (N, d)
+        sign = torch.tensor([-1.0, 1.0], device=angle.device, dtype=dtype).repeat(angles.shape[-1] // 2)
+        return RotaryTables(angles.cos(), angles.sin() * sign)
 
     def _load_from_state_dict(self, *args, **kwargs):
         self._tables.clear()
