@@ -22,5 +22,9 @@ setup(
         # mmengine resolves `mmdet::`/`mmseg::` base configs through pkg_resources
         'setuptools>=77.0.3,<82',
     ],
-    extras_require={'tests': ['pytest>=7', 'matplotlib']},
+    extras_require={
+        'tests': ['pytest>=7', 'matplotlib'],
+        # tools/export_onnx.py: onnxscript is what torch.onnx.export's default (dynamo) exporter needs
+        'deploy': ['onnx>=1.16', 'onnxruntime>=1.18', 'onnxscript>=0.2'],
+    },
 )

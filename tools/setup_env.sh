@@ -105,6 +105,6 @@ if ! mmcv_works; then
     fi
 fi
 
-pip_install -e "$ROOT[tests]"
+pip_install -e "$ROOT[tests,deploy]"
 echo "$want_stamp" > "$STAMP"
 log "ready: $VENV"

@@ -1,0 +1,159 @@
+"""ONNX export: the backbone with torch.onnx.export as users call it, and tools/export_onnx.py on segmentors and
+detectors, each graph run in ONNX Runtime at sizes the export never saw and compared with PyTorch."""
+import numpy as np
+import onnxruntime
+import pytest
+import torch
+
+from conftest import ROOT, run_tool
+from mala_mm import MALA
+from mala_mm.export import ImageToTensors, compare_in_onnxruntime, export_onnx
+
+# fp32 arithmetic in another order (ONNX Runtime's kernels) differs by a few roundings of 2^-24 per op
+RELATIVE_TOLERANCE = 1e-4
+
+
+def onnxruntime_outputs(path, image):
+    session = onnxruntime.InferenceSession(str(path), providers=['CPUExecutionProvider'])
+    return session.run(None, {session.get_inputs()[0].name: image.numpy()})
+
+
+def assert_matches(expected, produced):
+    assert len(expected) == len(produced)
+    for ours, theirs in zip(expected, produced):
+        assert theirs.shape == tuple(ours.shape)
+        error = np.abs(theirs.astype(np.float64) - ours.double().numpy()).max()
+        assert error <= RELATIVE_TOLERANCE * ours.abs().max().item()
+
+
+@pytest.mark.parametrize('attn_types', ['released', 'mala'])
+def test_backbone_exports_with_dynamic_sizes_and_matches_in_onnxruntime(tmp_path, attn_types):
+    model = MALA(arch='tiny', **({} if attn_types == 'released' else dict(attn_types='mala'))).eval()
+    model.init_weights()
+    path = tmp_path / 'mala.onnx'
+    torch.onnx.export(model, (torch.randn(1, 3, 96, 128), ), str(path), dynamo=False, input_names=['image'],
+                      dynamic_axes={'image': {0: 'batch', 2: 'height', 3: 'width'}})
+    for shape in [(1, 3, 96, 128), (2, 3, 133, 75)]:  # the export's size and one it never saw, not a multiple of 32
+        image = torch.randn(*shape)
+        with torch.no_grad():
+            expected = model(image)
+        assert_matches(expected, onnxruntime_outputs(path, image))
+    # tracing computes the RoPE tables from the traced size and leaves the eager cache to eager tensors
+    assert all(type(t.cos) is torch.Tensor for stage in model.layers for t in stage.RoPE._tables.values())
+
+
+@pytest.mark.parametrize('arch', ['tiny', 'small', 'base', 'large'])
+def test_plain_torch_onnx_export_of_every_variant(tmp_path, arch):
+    model = MALA(arch=arch).eval()
+    image = torch.randn(1, 3, 64, 96)
+    path = tmp_path / f'{arch}.onnx'
+    torch.onnx.export(model, (image, ), str(path), dynamo=False)
+    with torch.no_grad():
+        assert_matches(model(image), onnxruntime_outputs(path, image))
+
+
+@pytest.mark.slow
+def test_dynamo_export_of_the_backbone_is_dynamic(tmp_path):
+    # torch 2.13's default exporter, called as its documentation shows
+    model = MALA(arch='tiny').eval()
+    path = tmp_path / 'mala.onnx'
+    height, width = torch.export.Dim('height', min=32, max=4096), torch.export.Dim('width', min=32, max=4096)
+    torch.onnx.export(model, (torch.randn(1, 3, 64, 96), ), str(path), dynamic_shapes=({2: height, 3: width}, ))
+    image = torch.randn(1, 3, 101, 70)
+    with torch.no_grad():
+        assert_matches(model(image), onnxruntime_outputs(path, image))
+
+
+def export_tool(config, out, *options):
+    result = run_tool(['export_onnx.py', f'{ROOT}/{config}', '--out', str(out), *options], ROOT)
+    return result, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize('config,shape', [
+    ('configs/segmentation/upernet_mala_t_builtin.py', ('128', '128')),
+    ('configs/segmentation/fpn_mala_t.py', ('96', '128')),
+    ('configs/detection/retinanet_mala_t_builtin.py', ('128', '160')),
+    ('configs/detection/mask_rcnn_mala_t_builtin.py', ('128', '160')),
+])
+def test_export_tool_matches_in_onnxruntime_at_an_unseen_size(tmp_path, config, shape):
+    result, log = export_tool(config, tmp_path / 'model.onnx', '--shape', *shape, '--dynamic',
+                              '--exporter', 'torchscript', '--cfg-options', 'model.backbone.init_cfg=None')
+    assert result.returncode == 0, log
+    unseen = f'input {int(shape[0]) + 37}x{int(shape[1]) - 21}'
+    assert unseen in log and 'ONNX Runtime matches PyTorch' in log
+    errors = [float(line.split('max rel ')[1]) for line in log.splitlines() if 'max rel' in line]
+    assert errors and max(errors) <= RELATIVE_TOLERANCE
+
+
+@pytest.mark.slow
+def test_export_tool_with_the_dynamo_exporter(tmp_path):
+    result, log = export_tool('configs/segmentation/upernet_mala_t_builtin.py', tmp_path / 'model.onnx',
+                              '--shape', '96', '96', '--dynamic')
+    assert result.returncode == 0, log
+    assert 'input 133x75' in log and 'ONNX Runtime matches PyTorch' in log
+
+
+def test_backbone_only_export_returns_the_feature_maps(tmp_path):
+    result, log = export_tool('configs/detection/mask_rcnn_mala_t_builtin.py', tmp_path / 'backbone.onnx',
+                              '--backbone-only', '--shape', '64', '96', '--exporter', 'torchscript')
+    assert result.returncode == 0, log
+    assert [line.split()[2] for line in log.splitlines() if 'max rel' in line] == [f'stage{i}' for i in range(4)]
+
+
+def test_a_config_without_mala_exports_too(tmp_path):
+    config = tmp_path / 'retinanet_r18_builtin.py'
+    config.write_text(
+        f"_base_ = ['{ROOT}/configs/detection/retinanet_mala_t_builtin.py']\n"
+        "model = dict(backbone=dict(_delete_=True, type='ResNet', depth=18, out_indices=(0, 1, 2, 3)),\n"
+        "             neck=dict(in_channels=[64, 128, 256, 512]))\n")
+    result = run_tool(['export_onnx.py', str(config), '--out', str(tmp_path / 'r18.onnx'), '--shape', '96', '96',
+                       '--exporter', 'torchscript'], ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert 'ONNX Runtime matches PyTorch' in result.stdout
+
+
+@pytest.mark.parametrize('shape', [['0', '128'], ['128'], ['16', '64']])
+def test_a_wrong_shape_is_a_clear_error(tmp_path, shape):
+    result, log = export_tool('configs/segmentation/upernet_mala_t_builtin.py', tmp_path / 'model.onnx',
+                              '--shape', *shape, '--exporter', 'torchscript')
+    assert result.returncode == 2
+    assert 'error: --shape needs two integers H W, each at least 32' in result.stderr
+    assert 'Traceback' not in log and not (tmp_path / 'model.onnx').exists()
+
+
+def test_a_difference_beyond_the_tolerance_fails_the_tool(tmp_path):
+    result, log = export_tool('configs/segmentation/upernet_mala_t_builtin.py', tmp_path / 'model.onnx',
+                              '--shape', '64', '64', '--exporter', 'torchscript', '--tolerance', '0')
+    assert result.returncode == 2
+    assert 'error: ONNX Runtime differs from PyTorch by' in result.stderr and 'more than --tolerance 0' in log
+
+
+def test_exported_retinanet_outputs_give_the_models_detections(tmp_path):
+    """What a user runs after the graph: the head's own post-processing on ONNX Runtime's outputs."""
+    from mmdet.apis import init_detector
+    import mala_mm  # noqa: F401
+    model = init_detector(f'{ROOT}/configs/detection/retinanet_mala_t_builtin.py', device='cpu')
+    module = ImageToTensors(model)
+    image = torch.rand(1, 3, 128, 160) * 255
+    path = str(tmp_path / 'retinanet.onnx')
+    export_onnx(module, image, path, exporter='torchscript')
+    reference = ImageToTensors(model, exportable=False)
+    assert max(row['max_rel'] for row in compare_in_onnxruntime(reference, path, image)) <= RELATIVE_TOLERANCE
+    levels = len(model.bbox_head.prior_generator.strides)
+    produced = [torch.from_numpy(t) for t in onnxruntime_outputs(path, image)]
+    meta = dict(img_shape=(128, 160), ori_shape=(128, 160), scale_factor=(1.0, 1.0))
+    with torch.no_grad():
+        from_onnx = model.bbox_head.predict_by_feat(produced[:levels], produced[levels:2 * levels],
+                                                    batch_img_metas=[meta], rescale=False)[0]
+        x = (image.flip(1) - module.mean) / module.std if module.flip_channels else (image - module.mean) / module.std
+        from_torch = model.bbox_head.predict(model.extract_feat(x), [_sample(meta)], rescale=False)[0]
+    assert len(from_torch.bboxes) > 0
+    torch.testing.assert_close(from_onnx.bboxes, from_torch.bboxes, rtol=1e-4, atol=1e-3)
+    assert torch.equal(from_onnx.labels, from_torch.labels)
+
+
+def _sample(meta):
+    from mmdet.structures import DetDataSample
+    sample = DetDataSample()
+    sample.set_metainfo(meta)
+    return sample

@@ -1,0 +1,112 @@
+"""Export an mmdet/mmseg model, or its backbone, to ONNX and check the graph in ONNX Runtime.
+
+    python tools/export_onnx.py CONFIG [CHECKPOINT] --out FILE [--shape H W] [--dynamic] [--opset N]
+                                [--backbone-only] [--exporter dynamo|torchscript]
+
+The graph takes a (B, 3, H, W) float32 image, 0-255, channels as the config's pipeline loads them, and
+normalises it inside. After writing FILE the tool runs it in ONNX Runtime at the export size and, with
+--dynamic, at a size the export never saw (not a multiple of 32), prints the largest absolute and relative
+difference of every output from PyTorch and fails (exit 2) if any exceeds --tolerance (1e-4 relative).
+"""
+import argparse
+import os.path as osp
+
+import torch
+from mmengine.config import Config, DictAction
+
+from runner_utils import fail
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('config', help='an mmdet or mmseg config file')
+    parser.add_argument('checkpoint', nargs='?', help='trained weights (default: the weights the config builds)')
+    parser.add_argument('--out', required=True, help='the .onnx file to write')
+    parser.add_argument('--shape', type=int, nargs='+', metavar='N', help='export input H W (default: the '
+                        "config's crop_size for segmentors, 800 1344 for detectors)")
+    parser.add_argument('--dynamic', action='store_true', help='free batch size, height and width')
+    parser.add_argument('--opset', type=int, default=18, help='ONNX opset (default 18)')
+    parser.add_argument('--backbone-only', action='store_true', help="export the backbone's feature maps")
+    parser.add_argument('--exporter', choices=['dynamo', 'torchscript'], default='dynamo',
+                        help="torch.onnx.export's exporter (default: dynamo, torch's own default)")
+    parser.add_argument('--tolerance', type=float, default=1e-4,
+                        help='largest accepted max |onnx - torch| / max |torch| of any output')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override config entries, e.g. model.backbone.arch=small')
+    return parser.parse_args()
+
+
+def build_model(args):
+    if not osp.isfile(args.config):
+        fail(f'config file {args.config!r} does not exist')
+    if args.checkpoint is not None and not osp.isfile(args.checkpoint):
+        fail(f'checkpoint {args.checkpoint!r} does not exist')
+    cfg = Config.fromfile(args.config)
+    if args.cfg_options:
+        cfg.merge_from_dict(args.cfg_options)
+    scope = cfg.get('default_scope')
+    import mala_mm  # noqa: F401  registers MALA for configs without custom_imports
+    from mala_mm.checkpoint import CheckpointError
+    try:
+        if scope == 'mmdet':
+            from mmdet.apis import init_detector
+            model = init_detector(cfg, args.checkpoint, device='cpu')
+        elif scope == 'mmseg':
+            from mmseg.apis import init_model
+            model = init_model(cfg, args.checkpoint, device='cpu')
+        else:
+            fail(f'{args.config}: default_scope is {scope!r}; export needs an mmdet or mmseg config')
+    except CheckpointError as err:
+        fail(str(err))
+    return cfg, model
+
+
+def default_shape(cfg, kind):
+    crop = cfg.get('crop_size')
+    if kind == 'segmentor' and crop:
+        return list(crop)
+    return [800, 1344]
+
+
+def unseen_shape(height, width):
+    """A size the export did not see and that is not a multiple of 32."""
+    return height + 37, max(32, width - 21)
+
+
+def main():
+    args = parse_args()
+    from mala_mm.export import (ExportError, ImageToTensors, check_shape, compare_in_onnxruntime,
+                                export_onnx)
+    try:
+        if args.shape is not None:  # before the model is built: a typo costs no time
+            check_shape(args.shape)
+    except ExportError as err:
+        fail(str(err))
+    cfg, model = build_model(args)
+    try:
+        module = ImageToTensors(model, backbone_only=args.backbone_only)
+        reference = ImageToTensors(model, backbone_only=args.backbone_only, exportable=False)
+        height, width = check_shape(args.shape or default_shape(cfg, module.kind))
+        generator = torch.Generator().manual_seed(0)
+        example = torch.rand(1, 3, height, width, generator=generator) * 255
+        names = export_onnx(module, example, args.out, dynamic=args.dynamic, opset=args.opset,
+                            exporter=args.exporter)
+        print(f'wrote {args.out}: {module.kind}, input image (B, 3, H, W) float32 0-255, outputs {", ".join(names)}')
+        sizes = [(height, width)] + ([unseen_shape(height, width)] if args.dynamic else [])
+        worst = 0.0
+        for size in sizes:
+            image = torch.rand(1, 3, *size, generator=generator) * 255
+            for row in compare_in_onnxruntime(reference, args.out, image):
+                worst = max(worst, row['max_rel'])
+                print(f'  input {size[0]}x{size[1]}  {row["output"]:<14} {str(row["shape"]):<22} '
+                      f'max abs {row["max_abs"]:.3g}  max rel {row["max_rel"]:.3g}')
+    except ExportError as err:
+        fail(str(err))
+    if worst > args.tolerance:
+        fail(f'ONNX Runtime differs from PyTorch by {worst:.3g} relative, more than --tolerance {args.tolerance:g} '
+             f'({args.out} is kept for inspection)')
+    print(f'ONNX Runtime matches PyTorch: largest relative difference {worst:.3g} (tolerance {args.tolerance:g})')
+
+
+if __name__ == '__main__':
+    main()
