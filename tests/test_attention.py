@@ -130,8 +130,7 @@ def test_attention_modules_work_on_their_own(module_cls):
     channels, heads = 32, 2
     attn = module_cls(channels, heads)
     x = torch.randn(2, channels, 9, 11)
-    rope = RoPE2d(channels // heads)
-    y = attn(x, rope)
+    y = attn(x, RoPE2d(channels // heads).tables(9, 11))
     assert y.shape == x.shape and torch.isfinite(y).all()
     y.sum().backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in attn.parameters())

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .rope import RoPE2d, RotaryTables, apply_rope
+from .rope import RotaryTables, apply_rope
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -165,12 +165,12 @@ class GatedAttention(nn.Module):
         batch, _, height, width = x.shape
         return x.permute(0, 2, 3, 1).reshape(batch, height * width, self.num_heads, -1).transpose(1, 2)
 
-    def forward(self, x: Tensor, rope: Optional[RoPE2d] = None) -> Tensor:
-        """x: (B, C, H, W); rope: the stage's RoPE (head width C / h), or None. Returns (B, C, H, W)."""
+    def forward(self, x: Tensor, rope: Optional[RotaryTables] = None) -> Tensor:
+        """x: (B, C, H, W); rope: the (H W, C / h) tables of the stage's :class:`RoPE2d`, or None.
+        Returns (B, C, H, W)."""
         batch, channels, height, width = x.shape
         q, k, v, o = self.qkvo(x)
-        tables = None if rope is None else rope.tables(height, width, dtype=q.dtype)
-        y = self.attend(self.split_heads(q), self.split_heads(k), self.split_heads(v), tables)
+        y = self.attend(self.split_heads(q), self.split_heads(k), self.split_heads(v), rope)
         y = y.transpose(1, 2).reshape(batch, height, width, channels).permute(0, 3, 1, 2)  # channels-last
         return self.proj((y + self.lepe(v)) * o)
 

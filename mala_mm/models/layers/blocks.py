@@ -11,7 +11,7 @@ from mmcv.cnn.bricks import DropPath
 from torch import Tensor, nn
 
 from .attention import MALAttention, SoftmaxAttention
-from .rope import RoPE2d
+from .rope import RoPE2d, RotaryTables
 
 ATTENTION_KINDS = {'mala': MALAttention, 'softmax': SoftmaxAttention}
 
@@ -122,15 +122,15 @@ class MALABlock(nn.Module):
             self.gamma_1 = nn.Parameter(torch.full((1, embed_dims, 1, 1), float(layer_scale_init)))
             self.gamma_2 = nn.Parameter(torch.full((1, embed_dims, 1, 1), float(layer_scale_init)))
 
-    def _forward(self, x: Tensor, rope: Optional[RoPE2d]) -> Tensor:
+    def _forward(self, x: Tensor, rope: Optional[RotaryTables]) -> Tensor:
         x = self.pos(x)
         attn = self.attn(self.norm1(x), rope)
         x = x + self.drop_path(attn if self.gamma_1 is None else self.gamma_1 * attn)
         ffn = self.ffn(self.norm2(x))
         return x + self.drop_path(ffn if self.gamma_2 is None else self.gamma_2 * ffn)
 
-    def forward(self, x: Tensor, rope: Optional[RoPE2d] = None) -> Tensor:
-        """x: (B, C, H, W); rope: the stage's RoPE. Returns (B, C, H, W)."""
+    def forward(self, x: Tensor, rope: Optional[RotaryTables] = None) -> Tensor:
+        """x: (B, C, H, W); rope: the stage's RoPE tables for (H, W), or None. Returns (B, C, H, W)."""
         if self.with_cp and x.requires_grad:
             return cp.checkpoint(self._forward, x, rope, use_reentrant=False)
         return self._forward(x, rope)
@@ -158,6 +158,7 @@ class MALAStage(nn.Module):
 
     def forward(self, x: Tensor):
         """x: (B, C, H, W). Returns the stage output (B, C, H, W) and its downsampled map (or None)."""
+        rope = self.RoPE.tables(*x.shape[-2:], dtype=x.dtype)  # once per stage, also in a traced graph
         for block in self.blocks:
-            x = block(x, self.RoPE)
+            x = block(x, rope)
         return x, (None if self.downsample is None else self.downsample(x))
