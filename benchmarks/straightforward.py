@@ -38,7 +38,7 @@ def depthwise(conv, x):
 def attention(attn, x, angle):
     b, c, h, w = x.shape
     heads, d = attn.num_heads, c // attn.num_heads
-    qkvo = attn.qkvo(x).permute(0, 2, 3, 1).contiguous()                      # b h w 4c
+    qkvo = F.conv2d(x, attn.qkvo.weight, attn.qkvo.bias).permute(0, 2, 3, 1).contiguous()  # b h w 4c
     q, k, v, o = qkvo.chunk(4, dim=-1)
     lepe = attn.lepe(v.permute(0, 3, 1, 2).contiguous()).permute(0, 2, 3, 1)  # b h w c
     sin, cos = rope_tables(angle, h, w)                                       # rebuilt in every block

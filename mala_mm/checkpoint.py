@@ -27,7 +27,8 @@ def _history_buffer_statistic(owner, name: str):
     ``getattr(HistoryBuffer, 'mean')``; nothing else may be looked up."""
     if owner is HistoryBuffer and name in HistoryBuffer._statistics_methods.keys() | {'min', 'max', 'mean', 'current'}:
         return getattr(owner, name)
-    raise pickle.UnpicklingError(f'refused getattr({owner!r}, {name!r}) while loading a checkpoint')
+    owner_name = f'{getattr(owner, "__module__", "?")}.{getattr(owner, "__qualname__", owner)}'
+    raise pickle.UnpicklingError(f'refused: getattr({owner_name}, {name!r})')
 
 
 SAFE_GLOBALS = [
@@ -71,26 +72,115 @@ def safe_load(filename: str, map_location='cpu'):
 
     Raises:
         CheckpointNotFoundError: no such file (a FileNotFoundError).
-        CheckpointError: the file is truncated or not a checkpoint, or its pickle asks for a class that is
-            not in :data:`SAFE_GLOBALS` (nothing of it is executed).
+        CheckpointError: the file cannot be read (empty, text, truncated, a zip or pickle that is not a
+            checkpoint), or its pickle names a global outside :data:`SAFE_GLOBALS` and torch's own allow-list
+            (reported by name; nothing of it is executed). The message says which and what to do.
     """
     path = _local_path(filename)
     try:
         with torch.serialization.safe_globals(SAFE_GLOBALS):
             return torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as err:
-        reason = next((line.strip() for line in str(err).splitlines()
-                       if 'Unsupported global' in line or 'refused' in line), None)
-        if reason is None:  # not a pickle the allow-list turned down, but no pickle at all
-            raise CheckpointError(f'cannot read checkpoint {filename!r}: it is truncated or not a PyTorch '
-                                  f'checkpoint ({str(err).splitlines()[-1]})') from None
-        raise CheckpointError(
-            f'refused to load {filename!r}: its pickle needs something outside the allow-list of plain data, '
-            f'so nothing of it was run ({reason}). Convert it to a tensor-only state dict where it was made, or, '
-            f'if you trust it, allow the class with torch.serialization.add_safe_globals.') from None
-    except Exception as err:  # the unpickler fails in many ways on bytes that are not a checkpoint
-        raise CheckpointError(f'cannot read checkpoint {filename!r}: it is truncated or not a PyTorch '
-                              f'checkpoint ({type(err).__name__}: {err})') from None
+    except Exception as err:  # the unpickler and the zip reader fail in many ways on bytes that are no checkpoint
+        raise CheckpointError(_why_unreadable(filename, path, err)) from None
+
+
+def _allowed_globals() -> set:
+    """'module.name' of every global a checkpoint's pickle may name: torch's own allow-list and ours."""
+    from torch import _weights_only_unpickler
+    names = set(_weights_only_unpickler._get_allowed_globals())
+    for entry in SAFE_GLOBALS:
+        if isinstance(entry, tuple):
+            names.add(entry[1])
+        else:
+            names.add(f'{entry.__module__}.{entry.__qualname__}')
+    return names
+
+
+def pickle_globals(data: bytes) -> List[str]:
+    """The 'module.name' of every global a pickle stream names, in order, read without unpickling anything.
+
+    Python 2 names that protocol-2 pickles use (``commands.Popen``) are given as Python 3 names
+    (``subprocess.Popen``), as the unpickler would resolve them.
+    """
+    import _compat_pickle
+    import pickletools
+    names, strings, memo = [], [], {}
+    try:
+        for opcode, arg, _ in pickletools.genops(data):
+            if opcode.name in ('SHORT_BINUNICODE', 'BINUNICODE', 'BINUNICODE8', 'UNICODE'):
+                strings.append(arg)
+            elif opcode.name == 'MEMOIZE' and strings:
+                memo[len(memo)] = strings[-1]
+            elif opcode.name in ('PUT', 'BINPUT', 'LONG_BINPUT') and strings:
+                memo[arg] = strings[-1]
+            elif opcode.name in ('GET', 'BINGET', 'LONG_BINGET') and isinstance(memo.get(arg), str):
+                strings.append(memo[arg])
+            if opcode.name in ('GLOBAL', 'INST'):
+                module, name = arg.split(' ', 1)
+            elif opcode.name == 'STACK_GLOBAL' and len(strings) >= 2:
+                module, name = strings[-2], strings[-1]
+            else:
+                continue
+            module, name = _compat_pickle.NAME_MAPPING.get((module, name), (module, name))
+            names.append(f'{_compat_pickle.IMPORT_MAPPING.get(module, module)}.{name}')
+    except Exception:  # a truncated stream: the globals before the cut are what matters
+        pass
+    return names
+
+
+def _pickle_streams(path: str) -> List[bytes]:
+    """The pickles of a checkpoint: data.pkl of a zip checkpoint, or the whole file of a legacy one."""
+    import zipfile
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as archive:
+            return [archive.read(name) for name in archive.namelist() if name.endswith('.pkl')]
+    with open(path, 'rb') as f:
+        return [f.read()]
+
+
+def _why_unreadable(filename: str, path: str, err: Exception) -> str:
+    """An accurate, actionable message for a file torch.load turned down."""
+    import zipfile
+    size = os.path.getsize(path)
+    if size == 0:
+        return f'cannot read checkpoint {filename!r}: the file is empty (0 bytes); download or copy it again'
+    with open(path, 'rb') as f:
+        head = f.read(512)
+    if head.startswith(b'PK'):
+        if not zipfile.is_zipfile(path):
+            return (f'cannot read checkpoint {filename!r}: it is truncated or corrupted ({size} bytes; its zip '
+                    f'archive has no end); download or copy it again')
+        with zipfile.ZipFile(path) as archive:
+            if not any(name.endswith('data.pkl') for name in archive.namelist()):
+                return (f'cannot read checkpoint {filename!r}: it is a zip archive but not a PyTorch checkpoint '
+                        f'(no data.pkl among {archive.namelist()[:5]})')
+    elif _is_text(head):
+        first_line = head.decode('utf-8', 'replace').strip().splitlines()[0][:60]
+        return (f'cannot read checkpoint {filename!r}: it is a text file, not a PyTorch checkpoint (it begins '
+                f'{first_line!r}); a failed download often saves an error page')
+    allowed = _allowed_globals()
+    refused = [name for stream in _pickle_streams(path) for name in pickle_globals(stream) if name not in allowed]
+    refused = list(dict.fromkeys(refused))
+    own_refusal = next((line.strip()[len('refused: '):] for line in str(err).splitlines()
+                        if line.strip().startswith('refused: ')), None)
+    if refused or own_refusal:
+        # posix.system is how os.system pickles on Linux (nt.system on Windows)
+        what = ', '.join(f'{name} (os.{name.split(".", 1)[1]})' if name.startswith(('posix.', 'nt.')) else name
+                         for name in refused) if refused else own_refusal
+        return (f'refused to load {filename!r}: its pickle calls {what}, which a checkpoint of plain tensors '
+                f'never needs, so nothing of it was run. Treat the file as unsafe: do not load it with '
+                f'weights_only=False. Get the weights from a source you trust, or have its maker save a '
+                f'tensor-only state dict.')
+    last = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+    return f'cannot read checkpoint {filename!r}: it is truncated or not a PyTorch checkpoint ({last})'
+
+
+def _is_text(head: bytes) -> bool:
+    try:
+        text = head.decode('utf-8')
+    except UnicodeDecodeError:
+        text = head[:-3].decode('utf-8', 'ignore') if len(head) == 512 else ''  # a character cut at byte 512
+    return bool(text) and all(c.isprintable() or c in '\r\n\t' for c in text)
 
 
 def model_state(checkpoint: dict) -> dict:

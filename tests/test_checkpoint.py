@@ -1,7 +1,10 @@
 """Loading released, dense and own checkpoints; refusing ones that do not fit or are not plain data."""
 import argparse
+import importlib
 import logging
 import os
+import subprocess
+import zipfile
 
 import numpy as np
 import pytest
@@ -154,6 +157,77 @@ def test_a_pickle_that_runs_code_is_refused_without_running(tmp_path, payload):
     with pytest.raises(CheckpointError, match=f'refused to load .*{payload}'):
         safe_load(str(path))
     assert not marker.exists()
+
+
+class Calls:
+    """Pickles as ``function(*args)``, optionally followed by ``__setstate__(state)``."""
+
+    def __init__(self, function, args, state=None):
+        self.reduced = (function, args) if state is None else (function, args, state)
+
+    def __reduce__(self):
+        return self.reduced
+
+
+def _touch(marker):
+    return ['touch', str(marker)]
+
+
+def _object_array(payload):
+    array = np.empty(1, dtype=object)
+    array[0] = payload
+    return array
+
+
+# each: (payload from a marker path, the global's name that must appear in the message)
+HOSTILE = {
+    'os.system': (lambda m: Calls(os.system, (f'touch {m}', )), 'posix.system (os.system)'),
+    'subprocess.Popen': (lambda m: Calls(subprocess.Popen, (_touch(m), )), 'subprocess.Popen'),
+    'builtins.eval': (lambda m: Calls(eval, (f'open({str(m)!r}, "w")', )), 'builtins.eval'),
+    'builtins.exec': (lambda m: Calls(exec, (f'open({str(m)!r}, "w")', )), 'builtins.exec'),
+    'importlib.import_module': (lambda m: Calls(importlib.import_module, ('os', )), 'importlib.import_module'),
+    # argparse.Namespace is allowed (the release's `args`); its state hides the call
+    'allowed class, hostile state': (
+        lambda m: Calls(argparse.Namespace, (), {'x': Calls(os.system, (f'touch {m}', ))}), 'posix.system'),
+    'numpy object array': (lambda m: _object_array(Calls(os.system, (f'touch {m}', ))), 'posix.system'),
+}
+
+
+@pytest.mark.parametrize('case', list(HOSTILE))
+def test_each_hostile_global_is_refused_by_name_without_running(tmp_path, case):
+    make_payload, name = HOSTILE[case]
+    marker = tmp_path / 'pwned'
+    path = tmp_path / 'hostile.pth'
+    torch.save({'state_dict': {'w': torch.ones(2)}, 'payload': make_payload(marker)}, path)
+    with pytest.raises(CheckpointError) as raised:
+        safe_load(str(path))
+    message = str(raised.value)
+    assert message.startswith(f"refused to load '{path}': its pickle calls ") and name in message
+    assert 'nothing of it was run' in message and 'do not load it with weights_only=False' in message
+    assert not marker.exists()
+
+
+def _zip_without_pickle(path):
+    with zipfile.ZipFile(path, 'w') as archive:
+        archive.writestr('weights/readme.txt', 'soon')
+
+
+@pytest.mark.parametrize('case,write,message', [
+    ('truncated', lambda p: p.write_bytes(open(DET_CKPT, 'rb').read()[:100_000]),
+     'it is truncated or corrupted (100000 bytes; its zip archive has no end); download or copy it again'),
+    ('zip, not a checkpoint', _zip_without_pickle,
+     "it is a zip archive but not a PyTorch checkpoint (no data.pkl among ['weights/readme.txt'])"),
+    ('empty', lambda p: p.write_bytes(b''), 'the file is empty (0 bytes); download or copy it again'),
+    ('text', lambda p: p.write_text('<html><body>404 Not Found</body></html>\n'),
+     "it is a text file, not a PyTorch checkpoint (it begins '<html><body>404 Not Found</body></html>'); a failed "
+     'download often saves an error page'),
+])
+def test_each_kind_of_unreadable_file_has_its_own_message(tmp_path, case, write, message):
+    path = tmp_path / 'model.pth'
+    write(path)
+    with pytest.raises(CheckpointError) as raised:
+        safe_load(str(path))
+    assert str(raised.value) == f"cannot read checkpoint '{path}': {message}"
 
 
 def test_extract_drops_classification_head_and_ddp_prefix():

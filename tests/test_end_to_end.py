@@ -115,12 +115,10 @@ def test_segmentation_trains_evaluates_learns_and_resumes(builtin_workspace):
     checkpoint = work_dir / f'iter_{SEG_ITERS}.pth'
     assert checkpoint.is_file()
 
-    # evaluated in one process: a two-process dist_test.sh of the segmentor has aborted at random on this CPU
-    # machine ('terminate called without an active exception' from a gloo process); the detector's test above
-    # covers the distributed test launcher
-    trained = metrics(run(['test.py', SEG_CONFIG, str(checkpoint)], builtin_workspace), ['mIoU', 'aAcc'])
-    untrained = metrics(run(['test.py', SEG_CONFIG, initial_checkpoint(SEG_CONFIG, str(work_dir / 'init.pth'))],
-                            builtin_workspace), ['mIoU', 'aAcc'])
+    trained = metrics(run(['dist_test.sh', SEG_CONFIG, str(checkpoint), NPROC], builtin_workspace),
+                      ['mIoU', 'aAcc'])
+    untrained = metrics(run(['dist_test.sh', SEG_CONFIG, initial_checkpoint(SEG_CONFIG, str(work_dir / 'init.pth')),
+                             NPROC], builtin_workspace), ['mIoU', 'aAcc'])
     print(f'segmentation after {SEG_ITERS} iterations: {trained}; at initialisation: {untrained}')
     # a model that learnt only the class prior labels everything background (about 17 mIoU); 86.6 was measured
     assert trained['mIoU'] > background_only_miou(builtin_workspace) + 40.0

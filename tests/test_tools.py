@@ -117,7 +117,7 @@ def test_a_truncated_checkpoint_is_explained(builtin_workspace, tmp_path):
     result = run_tool(['test.py', SEG_CONFIG, str(truncated), '--work-dir', str(tmp_path / 'work')],
                       cwd=builtin_workspace)
     assert result.returncode == 2, result.stderr[-3000:]
-    assert 'it is truncated or not a PyTorch checkpoint' in result.stderr and 'Traceback' not in result.stderr
+    assert 'it is truncated or corrupted' in result.stderr and 'Traceback' not in result.stderr
 
 
 @pytest.mark.parametrize('option, message', [

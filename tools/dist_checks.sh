@@ -26,11 +26,13 @@ if wanted > available:
 PYCODE
 }
 
-# torchrun with the multi-node settings upstream's scripts read from the environment
+# torchrun with the multi-node settings upstream's scripts read from the environment; MAX_RESTARTS: how often
+# torchrun restarts the process group after a process fails
 launch() {
     local nproc="$1"; shift
     PYTHONPATH="$(dirname "${BASH_SOURCE[0]}")/..${PYTHONPATH:+:$PYTHONPATH}" \
     "$PYTHON" -m torch.distributed.run \
+        --max-restarts="${MAX_RESTARTS:-0}" \
         --nnodes="${NNODES:-1}" \
         --node_rank="${NODE_RANK:-0}" \
         --master_addr="${MASTER_ADDR:-127.0.0.1}" \

@@ -1,14 +1,31 @@
 #!/usr/bin/env bash
-# Usage: tools/dist_train.sh CONFIG GPUS [tools/train.py options]
+# Usage: tools/dist_train.sh CONFIG GPUS [--max-restarts N] [tools/train.py options]
 # Environment: NNODES, NODE_RANK, MASTER_ADDR, PORT (multi-node), PYTHON (interpreter, default: the
 # repository's .venv, else python).
 # Without CUDA the GPUS processes train on CPU with the gloo backend.
+# --max-restarts N: when a process dies, torchrun restarts the whole group up to N times, and each start resumes
+# from the latest complete checkpoint in the work dir (train.py --resume), so a killed rank costs the
+# iterations since that checkpoint and no person.
 set -euo pipefail
 TOOLS="$(dirname "$0")"
 source "$TOOLS/dist_checks.sh"
-[[ $# -ge 2 ]] || usage_error "usage: $0 CONFIG GPUS [train.py options]"
+[[ $# -ge 2 ]] || usage_error "usage: $0 CONFIG GPUS [--max-restarts N] [train.py options]"
 CONFIG="$1"
 GPUS="$2"
 check_config "$CONFIG"
 check_process_count "$GPUS"
-launch "$GPUS" "$TOOLS/train.py" "$CONFIG" --launcher pytorch "${@:3}"
+TRAIN_ARGS=()
+RESTARTS=0
+set -- "${@:3}"
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --max-restarts) [[ $# -ge 2 ]] || usage_error "--max-restarts needs a number"; RESTARTS="$2"; shift 2 ;;
+        --max-restarts=*) RESTARTS="${1#*=}"; shift ;;
+        *) TRAIN_ARGS+=("$1"); shift ;;
+    esac
+done
+[[ "$RESTARTS" =~ ^[0-9]+$ ]] || usage_error "--max-restarts must be a number of restarts, got '$RESTARTS'"
+if (( RESTARTS > 0 )) && [[ ! " ${TRAIN_ARGS[*]-} " =~ " --resume" ]]; then
+    TRAIN_ARGS+=(--resume)  # every restart picks up the latest checkpoint; the first start finds none
+fi
+MAX_RESTARTS="$RESTARTS" launch "$GPUS" "$TOOLS/train.py" "$CONFIG" --launcher pytorch ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"}

@@ -94,11 +94,48 @@ def setup_distributed(cfg):
              'start it with tools/dist_train.sh or tools/dist_test.sh')
     dist.init_process_group(backend='gloo')
     cfg.model_wrapper_cfg = dict(type='MMDistributedDataParallel', device_ids=None)
+    converted = sync_bn_to_bn(cfg.model)
+    if converted and is_main_process():
+        print(f'SyncBN -> BN in {converted} norm configs: torch runs SyncBN only on CUDA tensors, so on CPU each '
+              f'process normalises over its own batch (GPU runs keep SyncBN)', file=sys.stderr)
+
+
+SYNC_BN_TYPES = ('SyncBN', 'MMSyncBN', 'TorchSyncBN')  # mmcv's names for SyncBatchNorm
+
+
+def sync_bn_to_bn(node) -> int:
+    """Turn every ``type='SyncBN'`` (or another SyncBatchNorm name) in a config node into ``'BN'``, in place;
+    returns how many."""
+    if isinstance(node, dict):
+        count = 0
+        if node.get('type') in SYNC_BN_TYPES:
+            node['type'] = 'BN'
+            count += 1
+        return count + sum(sync_bn_to_bn(value) for value in node.values())
+    if isinstance(node, (list, tuple)):
+        return sum(sync_bn_to_bn(value) for value in node)
+    return 0
+
+
+def drain_distributed():
+    """Wait, on every process, until gloo's worker threads have let go of the last collective's tensors.
+
+    Each collective's work object holds its tensors, and a gloo worker thread destroys it shortly after the
+    collective has completed. Tensors that Python created (mmengine's broadcast of the metrics, say) need the
+    GIL to be freed. If the interpreter is already shutting down when the worker gets there, CPython ends that
+    thread inside the work's noexcept destructor, and the process aborts with 'terminate called without an
+    active exception' after all work is done. A core dump shows exactly this: the main thread in
+    Py_FinalizeEx, a ProcessGroupGloo::runLoop thread in ~AsyncBroadcastWork -> decref -> take_gil ->
+    pthread_exit -> std::terminate. A barrier keeps the main thread waiting, without the GIL, until every
+    process is here, which gives the workers the GIL to finish. Called only when the run succeeded: after a
+    failure the other processes may never reach the barrier.
+    """
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
 
 
 def teardown_distributed():
-    """Close the process group before the interpreter exits: gloo's threads, torn down while still running,
-    abort the process ('terminate called without an active exception') after the work is done."""
+    """Close the process group before the interpreter exits."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
@@ -118,10 +155,12 @@ def run_runner(cfg, action: str):
     """``build_runner(cfg).<action>()``; a checkpoint that cannot be read or does not fit, or backbone arguments
     that cannot build a MALA, stop the tool with the reason, not a traceback from inside the runner."""
     from mala_mm.checkpoint import CheckpointError
+    from mala_mm.datasets import TooManyUndecodableImages
     from mala_mm.models import MALAConfigError
     try:
         getattr(build_runner(cfg), action)()
-    except (CheckpointError, MALAConfigError) as err:
+        drain_distributed()
+    except (CheckpointError, MALAConfigError, TooManyUndecodableImages) as err:
         # the registry prefixes "class `X` in its/file.py: " at every level of a nested build
         fail(re.sub(r'class `\w+` in \S+: ', '', str(err)))
     finally:

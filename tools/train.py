@@ -44,6 +44,8 @@ def main():
         check_checkpoint(args.resume, '--resume checkpoint')
         cfg.resume, cfg.load_from = True, args.resume
     check_data(cfg, ('train_dataloader', 'val_dataloader'))
+    from mala_mm.datasets import skip_undecodable_images
+    skip_undecodable_images(cfg)  # the config key skip_undecodable_images = N
     setup_distributed(cfg)
     run_runner(cfg, 'train')
 

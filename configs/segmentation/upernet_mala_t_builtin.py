@@ -50,4 +50,4 @@ default_hooks = dict(
 log_processor = dict(window_size=10, by_epoch=False)
 # reproducible runs; a run killed and resumed ends with the weights of an uninterrupted one
 randomness = dict(seed=0)
-custom_hooks = [dict(type='IterationSeedHook')]
+custom_hooks = [dict(type='IterationSeedHook'), dict(type='SyncNormStatsHook')]

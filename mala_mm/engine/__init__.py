@@ -1,5 +1,5 @@
 """Training-time parts: hooks that let a killed run resume exactly, and mixed precision on CPU."""
-from .hooks import AtomicCheckpointHook, IterationSeedHook
+from .hooks import AtomicCheckpointHook, IterationSeedHook, SyncNormStatsHook
 from .optim_wrapper import CPUAmpOptimWrapper
 
-__all__ = ['AtomicCheckpointHook', 'IterationSeedHook', 'CPUAmpOptimWrapper']
+__all__ = ['AtomicCheckpointHook', 'IterationSeedHook', 'SyncNormStatsHook', 'CPUAmpOptimWrapper']

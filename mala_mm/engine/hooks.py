@@ -3,6 +3,8 @@
 - :class:`AtomicCheckpointHook`: a checkpoint is either complete or absent, and the previous one stays until
   the new one is in place.
 - :class:`IterationSeedHook`: the model's random draws depend on the iteration, not on the process's history.
+- :class:`SyncNormStatsHook`: every process holds the same BatchNorm statistics, so the model that validates
+  is the model that is saved.
 """
 import glob
 import os
@@ -10,7 +12,7 @@ import os.path as osp
 
 import numpy as np
 import torch
-from mmengine.dist import get_rank, is_main_process
+from mmengine.dist import all_reduce_params, get_rank, is_distributed, is_main_process
 from mmengine.fileio import LocalBackend
 from mmengine.hooks import CheckpointHook, Hook
 from mmengine.registry import HOOKS
@@ -45,8 +47,11 @@ class AtomicCheckpointHook(CheckpointHook):
     ``last_checkpoint`` at it (also by a rename), and only then deletes outdated checkpoints. A ``.part`` file
     left by a killed run is removed when training starts again.
 
+    ``save_best`` checkpoints are written the same way: the new best under ``<name>.part``, renamed once
+    complete, and only then is the previous best deleted (mmengine deletes it first).
+
     Takes the same arguments as ``CheckpointHook``. Checkpoints on remote storage, whose objects are written
-    whole, and ``save_best`` checkpoints are saved as mmengine saves them.
+    whole, are saved as mmengine saves them.
     """
 
     def before_train(self, runner) -> None:
@@ -82,6 +87,47 @@ class AtomicCheckpointHook(CheckpointHook):
             if osp.isfile(old_path):
                 os.remove(old_path)
 
+    def _save_best_checkpoint(self, runner, metrics) -> None:
+        if not self.save_best or not isinstance(self.file_backend, LocalBackend):
+            return super()._save_best_checkpoint(runner, metrics)
+        step = runner.epoch if self.by_epoch else runner.iter
+        if 'auto' in self.key_indicators:
+            self._init_rule(self.rules, [list(metrics.keys())[0]])
+        improved = False
+        single = len(self.key_indicators) == 1
+        for indicator, rule in zip(self.key_indicators, self.rules):
+            # mmengine's message-hub keys, so that resuming and mmengine's own hook read them alike
+            score_key, path_key = (('best_score', 'best_ckpt') if single
+                                   else (f'best_score_{indicator}', f'best_ckpt_{indicator}'))
+            best = runner.message_hub.runtime_info.get(score_key, self.init_value_map[rule])
+            score = metrics.get(indicator)
+            if score is None or not self.is_better_than[indicator](score, best):
+                continue
+            improved = True
+            previous = self.best_ckpt_path if single else self.best_ckpt_path_dict.get(indicator)
+            name = f'best_{indicator}_{self.filename_tmpl.format(step)}'.replace('/', '_')
+            path = self.file_backend.join_path(self.out_dir, name)
+            runner.save_checkpoint(self.out_dir, filename=f'{name}.part', file_client_args=self.file_client_args,
+                                   save_optimizer=False, save_param_scheduler=False,
+                                   meta=dict(epoch=runner.epoch, iter=runner.iter), by_epoch=False,
+                                   backend_args=self.backend_args)
+            if is_main_process():
+                replace_durably(f'{path}.part', path)
+                if previous and previous != path and osp.isfile(previous):
+                    os.remove(previous)
+            runner.message_hub.update_info(score_key, score)
+            runner.message_hub.update_info(path_key, path)
+            if single:
+                self.best_ckpt_path = path
+            else:
+                self.best_ckpt_path_dict[indicator] = path
+            runner.logger.info(f'The best checkpoint with {score:0.4f} {indicator} at '
+                               f'{"epoch" if self.by_epoch else "iter"} {step} is saved to {name}.')
+        # the latest regular checkpoint holds the message hub: save it again so that a resumed run knows the
+        # new best (and deletes the right file when a better one comes)
+        if improved and self.last_ckpt is not None:
+            self._save_checkpoint_with_step(runner, step, dict(epoch=runner.epoch, iter=runner.iter))
+
     def _track_kept_checkpoints(self, runner, step) -> list:
         """Record ``step`` among the kept checkpoints (the list is saved in the checkpoint, so a resumed run
         goes on deleting the right files); return the steps whose checkpoints are now outdated."""
@@ -112,3 +158,26 @@ class IterationSeedHook(Hook):
         # SeedSequence mixes the three numbers, so that neighbouring seeds do not give shifted streams
         state = np.random.SeedSequence([runner.seed, get_rank(), runner.iter]).generate_state(1, np.uint64)
         torch.manual_seed(int(state[0]))
+
+
+@HOOKS.register_module()
+class SyncNormStatsHook(Hook):
+    """Averages the model's buffers (BatchNorm running statistics) over the processes after every training
+    iteration.
+
+    Without SyncBN (on CPU, or with plain BN) each process's running statistics follow its own batches. Only
+    rank 0's go into a checkpoint, while validation at the end of training runs every process on its own
+    statistics, so the printed metrics are not those of the saved model. mmengine's ``SyncBuffersHook``
+    averages before validation, but only after the checkpoint of that iteration is saved. The running
+    statistics are linear in the batch statistics, so averaging at every step gives what averaging at the end
+    would, and it does not touch training itself: BN in training mode normalises with the batch's own
+    statistics. The buffers are a few thousand numbers, all-reduced in one call.
+    """
+
+    priority = 'ABOVE_NORMAL'  # before CheckpointHook saves
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
+        if is_distributed():
+            buffers = [b for b in runner.model.buffers() if b.is_floating_point()]
+            if buffers:
+                all_reduce_params(buffers, op='mean')

@@ -19,4 +19,4 @@ auto_scale_lr = dict(enable=False, base_batch_size=16)
 
 # checkpoints are written whole or not at all, and random draws repeat on resume (mala_mm.engine.hooks)
 default_hooks = dict(checkpoint=dict(type='AtomicCheckpointHook'))
-custom_hooks = [dict(type='IterationSeedHook')]
+custom_hooks = [dict(type='IterationSeedHook'), dict(type='SyncNormStatsHook')]

@@ -1,0 +1,112 @@
+"""Images that cannot be decoded: found before a run (:func:`undecodable_images`), or skipped during one
+(:class:`LoadImageOrSkip`, switched on by the config key ``skip_undecodable_images``)."""
+import importlib
+import os
+import os.path as osp
+from multiprocessing import Pool
+from typing import Dict, Iterable, List, Optional, Tuple
+
+import cv2
+import numpy as np
+from mmcv.transforms import TRANSFORMS, LoadImageFromFile
+from mmengine.logging import MMLogger
+
+from .paths import _dataset_cfgs
+
+# the ``type`` names of the loading transform across the registries that share it
+LOADING_TYPES = ('LoadImageFromFile', 'mmcv.LoadImageFromFile', 'mmdet.LoadImageFromFile',
+                 'mmseg.LoadImageFromFile')
+
+
+def decode_problem(path: str) -> Optional[str]:
+    """Why the image at ``path`` cannot be decoded (as mmcv's cv2 backend decodes it), or None."""
+    if not osp.isfile(path):
+        return 'missing'
+    if osp.getsize(path) == 0:
+        return 'empty file'
+    try:
+        data = np.fromfile(path, dtype=np.uint8)
+        image = cv2.imdecode(data, cv2.IMREAD_UNCHANGED)
+    except (OSError, cv2.error) as err:
+        return f'unreadable ({err})'
+    return None if image is not None else f'not a decodable image ({osp.getsize(path)} bytes)'
+
+
+def _problem_of(path: str) -> Tuple[str, Optional[str]]:
+    return path, decode_problem(path)
+
+
+def undecodable_images(paths: Iterable[str], workers: int = 0) -> List[Tuple[str, str]]:
+    """(path, reason) of every image among ``paths`` that cannot be decoded, decoding in ``workers``
+    processes (0: all cores)."""
+    paths = list(dict.fromkeys(paths))
+    with Pool(workers or os.cpu_count()) as pool:
+        return [(path, reason) for path, reason in pool.imap(_problem_of, paths, chunksize=32) if reason]
+
+
+def split_image_paths(cfg, split: str) -> List[str]:
+    """The image files the ``<split>_dataloader`` of ``cfg`` reads (mmdet or mmseg datasets, any wrapper)."""
+    from mmengine.registry import init_default_scope
+    init_default_scope(cfg.default_scope)
+    datasets = importlib.import_module(f'{cfg.default_scope}.registry').DATASETS
+    paths = []
+    for dataset_cfg in _dataset_cfgs(cfg[f'{split}_dataloader']['dataset']):
+        dataset = datasets.build({**dataset_cfg, 'pipeline': [], 'lazy_init': False})
+        paths += [dataset.get_data_info(i)['img_path'] for i in range(len(dataset))]
+    return paths
+
+
+class TooManyUndecodableImages(RuntimeError):
+    """More images could not be decoded during training than the config allows."""
+
+
+@TRANSFORMS.register_module()
+class LoadImageOrSkip(LoadImageFromFile):
+    """mmcv's ``LoadImageFromFile`` that skips an image it cannot decode, with a warning naming it.
+
+    Returning None makes mmengine's dataset draw another sample in training. After ``max_skipped`` images in
+    one data-loading process the run stops with the list of all of them.
+
+    Args:
+        max_skipped: how many images one loading process may skip.
+        **kwargs: ``LoadImageFromFile``'s arguments.
+    """
+
+    def __init__(self, max_skipped: int = 10, **kwargs):
+        super().__init__(**kwargs)
+        self.max_skipped = max_skipped
+        self.skipped: Dict[str, str] = {}
+
+    def transform(self, results: dict) -> Optional[dict]:
+        path = results['img_path']
+        try:
+            loaded = super().transform(results)
+        except Exception as err:  # mmcv raises what the file backend or the decoder raised, or an AssertionError
+            reason = decode_problem(path) or f'{type(err).__name__}: {err}'
+        else:
+            return loaded
+        self.skipped[path] = reason
+        if len(self.skipped) > self.max_skipped:
+            listing = '\n'.join(f'  {p}: {r}' for p, r in self.skipped.items())
+            raise TooManyUndecodableImages(
+                f'{len(self.skipped)} images could not be decoded, more than skip_undecodable_images='
+                f'{self.max_skipped}:\n{listing}\nFind them all with `python tools/check_dataset.py CONFIG`.')
+        MMLogger.get_current_instance().warning(
+            f'skipping undecodable image {path} ({reason}); {len(self.skipped)} of at most {self.max_skipped} '
+            f'skipped in this loading process')
+        return None
+
+
+def skip_undecodable_images(cfg) -> int:
+    """Apply the config key ``skip_undecodable_images = N``: the training pipelines load their images with
+    :class:`LoadImageOrSkip` (``max_skipped=N``). Returns how many pipelines changed."""
+    limit = cfg.get('skip_undecodable_images')
+    if not limit or cfg.get('train_dataloader') is None:
+        return 0
+    changed = 0
+    for dataset_cfg in _dataset_cfgs(cfg.train_dataloader['dataset']):
+        for step in dataset_cfg.get('pipeline') or []:
+            if step.get('type') in LOADING_TYPES:
+                step['type'], step['max_skipped'] = 'LoadImageOrSkip', int(limit)
+                changed += 1
+    return changed

@@ -1,0 +1,141 @@
+"""Runs at cluster scale, on CPU with gloo: two "nodes" started separately, a killed rank that the launcher
+restarts and resumes without a person, and end-of-training metrics that are the saved model's.
+
+The model is the built-in UperNet with a narrow MALA at 64 px (tests/data), in deterministic mode."""
+import os
+import os.path as osp
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import DATA_DIR, ROOT, free_port, run_tool
+from mala_mm.checkpoint import safe_load
+
+CONFIG = osp.join(DATA_DIR, 'upernet_mala_narrow_64px_builtin.py')
+ITERS, INTERVAL = 12, 4
+
+pytestmark = pytest.mark.slow
+
+
+def schedule(*extra):
+    return ['--cfg-options', f'train_cfg.max_iters={ITERS}', f'train_cfg.val_interval={ITERS}',
+            'param_scheduler.0.end=4', 'param_scheduler.1.begin=4', f'param_scheduler.1.end={ITERS}',
+            f'default_hooks.checkpoint.interval={INTERVAL}', 'default_hooks.checkpoint.max_keep_ckpts=1',
+            'randomness.deterministic=True', *extra]
+
+
+def tool_env(**env):
+    return dict(os.environ, PYTHON=sys.executable, PYTHONPATH=osp.dirname(__file__), **env)
+
+
+def run_ok(args, cwd, **env):
+    result = subprocess.run(['bash', osp.join(ROOT, 'tools', args[0]), *args[1:]], cwd=cwd,
+                            env=tool_env(PORT=free_port(), **env), capture_output=True, text=True, timeout=1800)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    return output
+
+
+def run_two_nodes(args, cwd):
+    """``args`` started twice, as node 0 and node 1 of a two-node job with one process each."""
+    port = free_port()
+    nodes = [subprocess.Popen(['bash', osp.join(ROOT, 'tools', args[0]), *args[1:]], cwd=cwd,
+                              env=tool_env(NNODES='2', NODE_RANK=str(rank), MASTER_ADDR='127.0.0.1', PORT=port),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for rank in (0, 1)]
+    outputs = [node.communicate(timeout=1800)[0] for node in nodes]
+    for node, output in zip(nodes, outputs):
+        assert node.returncode == 0, output[-4000:]
+    return outputs[0]
+
+
+def miou(output):
+    values = re.findall(r'mIoU: (-?[0-9.]+)', output)
+    assert values, output[-3000:]
+    return float(values[-1])
+
+
+def assert_same_weights(path_a, path_b):
+    a, b = safe_load(str(path_a))['state_dict'], safe_load(str(path_b))['state_dict']
+    assert a.keys() == b.keys()
+    differing = [key for key in a if not torch.equal(a[key], b[key])]
+    assert not differing, f'{len(differing)} of {len(a)} tensors differ, e.g. {differing[:3]}'
+
+
+def test_two_nodes_train_and_evaluate_as_one_node_and_report_the_saved_models_metrics(builtin_workspace):
+    one_node, two_nodes = builtin_workspace / 'one_node', builtin_workspace / 'two_nodes'
+    trained = run_ok(['dist_train.sh', CONFIG, '2', '--work-dir', str(one_node), *schedule()], builtin_workspace)
+    checkpoint = one_node / f'iter_{ITERS}.pth'
+    tested = run_ok(['dist_test.sh', CONFIG, str(checkpoint), '2', '--work-dir', str(one_node / 'test')],
+                    builtin_workspace)
+    # the validation at the end of training and a test of the checkpoint saved at that iteration agree
+    assert miou(trained) == miou(tested)
+
+    run_two_nodes(['dist_train.sh', CONFIG, '1', '--work-dir', str(two_nodes), *schedule()], builtin_workspace)
+    assert_same_weights(checkpoint, two_nodes / f'iter_{ITERS}.pth')
+    tested_on_two = run_two_nodes(['dist_test.sh', CONFIG, str(two_nodes / f'iter_{ITERS}.pth'), '1',
+                                   '--work-dir', str(two_nodes / 'test')], builtin_workspace)
+    assert miou(tested_on_two) == miou(tested)
+
+
+def test_a_killed_rank_is_restarted_and_resumes_to_the_uninterrupted_weights(builtin_workspace, tmp_path):
+    uninterrupted, interrupted = builtin_workspace / 'uninterrupted', builtin_workspace / 'restarted'
+    run_ok(['dist_train.sh', CONFIG, '2', '--work-dir', str(uninterrupted), *schedule()], builtin_workspace)
+    # rank 1 is killed after iteration 6 (the checkpoint of iteration 4 is the latest), then, after the restart,
+    # rank 0 is killed half-way through writing the checkpoint of iteration 8
+    faulty = tmp_path / 'faulty.py'
+    faulty.write_text(
+        f'_base_ = [{CONFIG!r}]\n'
+        "custom_imports = dict(imports=['mala_mm', 'fault_injection'], allow_failed_imports=False)\n"
+        "custom_hooks = [dict(type='IterationSeedHook'), dict(type='SyncNormStatsHook'),\n"
+        f"    dict(type='KillRankOnceHook', iteration=6, rank=1, marker='{tmp_path}/killed_at_6'),\n"
+        f"    dict(type='KillWhileSavingOnceHook', iteration=8, rank=0, marker='{tmp_path}/killed_saving_8')]\n")
+    output = run_ok(['dist_train.sh', str(faulty), '2', '--max-restarts', '3', '--work-dir', str(interrupted),
+                     *schedule()], builtin_workspace)
+    assert (tmp_path / 'killed_at_6').exists() and (tmp_path / 'killed_saving_8').exists()
+    assert len(re.findall(r'Worker group FAILED', output)) == 2, output[-4000:]
+    assert 'resumed epoch: 0, iter: 4' in output and 'resumed epoch: 0, iter: 4' in output.split(
+        'resumed epoch: 0, iter: 4', 1)[1]  # both restarts went back to iteration 4
+    assert sorted(p.name for p in interrupted.glob('iter_*')) == [f'iter_{ITERS}.pth']
+    assert_same_weights(uninterrupted / f'iter_{ITERS}.pth', interrupted / f'iter_{ITERS}.pth')
+
+
+def test_max_restarts_must_be_a_number(builtin_workspace):
+    result = run_tool(['dist_train.sh', CONFIG, '2', '--max-restarts', 'many'], builtin_workspace)
+    assert result.returncode == 2
+    assert "error: --max-restarts must be a number of restarts, got 'many'" in result.stderr
+
+
+STRESS_RUNS = 20
+
+
+def test_two_process_segmentation_test_exits_cleanly_every_time(builtin_workspace, tmp_path):
+    """tools/dist_test.sh with 2 processes on the built-in segmentor, 20 times, while a third process keeps
+    the cores busy: the load under which gloo's worker threads used to reach the GIL only after the interpreter
+    had begun to exit, and the process aborted ('terminate called without an active exception')."""
+    import importlib
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    config = osp.join(ROOT, 'configs/segmentation/upernet_mala_t_builtin.py')
+    cfg = Config.fromfile(config)
+    init_default_scope(cfg.default_scope)
+    model = importlib.import_module('mmseg.registry').MODELS.build(cfg.model)
+    model.init_weights()
+    checkpoint = tmp_path / 'init.pth'
+    torch.save({'state_dict': model.state_dict()}, checkpoint)
+    load = subprocess.Popen([sys.executable, '-c', 'import torch\na = torch.randn(1500, 1500)\nwhile True: a @ a'])
+    try:
+        failures = []
+        for attempt in range(STRESS_RUNS):
+            result = subprocess.run(['bash', osp.join(ROOT, 'tools/dist_test.sh'), config, str(checkpoint), '2',
+                                     '--work-dir', str(tmp_path / 'work')], cwd=builtin_workspace,
+                                    env=tool_env(PORT=free_port()), capture_output=True, text=True, timeout=600)
+            output = result.stdout + result.stderr
+            if result.returncode != 0 or 'terminate called' in output or 'mIoU:' not in output:
+                failures.append((attempt, result.returncode, output[-1500:]))
+    finally:
+        load.kill()
+    assert not failures, f'{len(failures)} of {STRESS_RUNS} runs failed; the first: {failures[0]}'
