@@ -1,4 +1,5 @@
-"""Hooks that SIGKILL the training process at chosen points; the resume tests import them into child runs."""
+"""Hooks that the resume and cluster tests load into child runs: SIGKILLs at chosen points, and a dump of each
+process's buffers."""
 import os
 import signal
 
@@ -85,3 +86,19 @@ class KillWhileSavingOnceHook(KillWhileSavingHook):
     def before_save_checkpoint(self, runner, checkpoint):
         if checkpoint['meta']['iter'] == self.iteration and self.once.fire():
             super().before_save_checkpoint(runner, checkpoint)
+
+
+@HOOKS.register_module()
+class SaveBuffersHook(Hook):
+    """Saves this process's model buffers (BatchNorm statistics) to ``<folder>/rank<r>.pth`` after training."""
+
+    priority = 'LOWEST'
+
+    def __init__(self, folder: str):
+        self.folder = folder
+
+    def after_train(self, runner):
+        import torch
+        from mmengine.dist import get_rank
+        model = getattr(runner.model, 'module', runner.model)
+        torch.save({name: b.clone() for name, b in model.named_buffers()}, f'{self.folder}/rank{get_rank()}.pth')

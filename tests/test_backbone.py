@@ -10,6 +10,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from conftest import DATA_DIR
 from mala_mm import MALA
 from mala_mm.checkpoint import load_backbone_weights
+from mala_mm.models import MALAConfigError
 
 VARIANT_PARAMS = {'tiny': 13_347_328, 'small': 24_040_896, 'base': 46_691_296, 'large': 93_561_760}
 
@@ -191,3 +192,10 @@ def test_wrong_input_is_explained(small_arch):
         model(torch.randn(1, 1, 32, 32))
     with pytest.raises(ValueError, match='empty'):
         model(torch.randn(1, 3, 0, 32))
+
+
+@pytest.mark.parametrize('init_cfg', [dict(type='Normal', layer='Conv2d', std=0.01), dict(type='Pretrained'),
+                                      [dict(type='Pretrained', checkpoint='a.pth')]])
+def test_an_init_cfg_it_does_not_apply_is_refused(init_cfg):
+    with pytest.raises(MALAConfigError, match=r"MALA: init_cfg must be None .* or dict\(type='Pretrained'"):
+        MALA(arch='tiny', init_cfg=init_cfg)

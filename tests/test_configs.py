@@ -205,8 +205,10 @@ def test_segmentation_recipe(config):
         assert len(cfg.param_scheduler) == 1
         assert (cfg.model.neck.out_channels, cfg.model.decode_head.channels) == (256, 128)
     assert cfg.model.decode_head.num_classes == 150
-    assert cfg.train_dataloader.batch_size == (1 if large else 2)
-    assert cfg.auto_scale_lr == dict(enable=False, base_batch_size=8 if large else 16)
+    # only the UperNet MALA-L uses 1 image per GPU; the release's FPN_l_1x.py keeps samples_per_gpu=2
+    one_per_gpu = large and upernet
+    assert cfg.train_dataloader.batch_size == (1 if one_per_gpu else 2)
+    assert cfg.auto_scale_lr == dict(enable=False, base_batch_size=8 if one_per_gpu else 16)
     assert cfg.train_dataloader.dataset.data_root == 'data/ade/ADEChallengeData2016'
     crop = next(t for t in cfg.train_dataloader.dataset.pipeline if t.type == 'RandomCrop')
     assert crop.crop_size == (512, 512) and cfg.model.data_preprocessor.size == (512, 512)

@@ -7,8 +7,10 @@ import sys
 
 import pytest
 import torch
+from mmengine.config import Config
 
 from conftest import ROOT, free_port, run_tool
+from mala_mm.runtime import sync_bn_to_bn
 from test_checkpoint import WritesAFile
 
 DET_CONFIG = osp.join(ROOT, 'configs/detection/mask_rcnn_mala_t_builtin.py')
@@ -167,3 +169,12 @@ def test_launchers_run_the_repository_venv_from_a_new_shell(builtin_workspace, t
         cwd=builtin_workspace, env=dict(env, PORT=free_port()), capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / 'work' / 'iter_1.pth').is_file()
+
+
+@pytest.mark.parametrize('config', ['detection/mask_rcnn_mala_s.py', 'detection/cascade_mask_rcnn_mala_s_3x.py',
+                                    'segmentation/upernet_mala_s.py'])
+def test_every_syncbn_of_a_paper_config_becomes_bn_for_cpu_processes(config):
+    cfg = Config.fromfile(f'{ROOT}/configs/{config}')
+    assert 'SyncBN' in str(cfg.model)
+    converted = sync_bn_to_bn(cfg.model)
+    assert converted >= 1 and 'SyncBN' not in str(cfg.model) and "'BN'" in str(cfg.model)

@@ -26,17 +26,22 @@ if wanted > available:
 PYCODE
 }
 
-# torchrun with the multi-node settings upstream's scripts read from the environment; MAX_RESTARTS: how often
-# torchrun restarts the process group after a process fails
+# torchrun with the multi-node settings upstream's scripts read from the environment. MAX_RESTARTS > 0: torchrun
+# restarts the process group that often after a process fails; the restarted processes must meet afresh, which
+# the static rendezvous cannot do (they would connect to their predecessors' addresses), so such runs use the
+# c10d rendezvous on MASTER_ADDR:PORT.
 launch() {
     local nproc="$1"; shift
+    local rendezvous=(--node_rank="${NODE_RANK:-0}" --master_addr="${MASTER_ADDR:-127.0.0.1}"
+                      --master_port="${PORT:-29500}")
+    if (( ${MAX_RESTARTS:-0} > 0 )); then
+        rendezvous=(--max-restarts="$MAX_RESTARTS" --rdzv-backend=c10d
+                    --rdzv-endpoint="${MASTER_ADDR:-127.0.0.1}:${PORT:-29500}" --rdzv-id="${RDZV_ID:-mala_mm}")
+    fi
     PYTHONPATH="$(dirname "${BASH_SOURCE[0]}")/..${PYTHONPATH:+:$PYTHONPATH}" \
     "$PYTHON" -m torch.distributed.run \
-        --max-restarts="${MAX_RESTARTS:-0}" \
         --nnodes="${NNODES:-1}" \
-        --node_rank="${NODE_RANK:-0}" \
-        --master_addr="${MASTER_ADDR:-127.0.0.1}" \
         --nproc_per_node="$nproc" \
-        --master_port="${PORT:-29500}" \
+        "${rendezvous[@]}" \
         "$@"
 }

@@ -92,29 +92,31 @@ def setup_distributed(cfg):
     elif 'RANK' not in os.environ:
         fail('--launcher pytorch needs the environment torchrun sets (RANK, WORLD_SIZE, ...): '
              'start it with tools/dist_train.sh or tools/dist_test.sh')
-    dist.init_process_group(backend='gloo')
+    init_gloo()
     cfg.model_wrapper_cfg = dict(type='MMDistributedDataParallel', device_ids=None)
+    from mala_mm.runtime import sync_bn_to_bn
     converted = sync_bn_to_bn(cfg.model)
     if converted and is_main_process():
         print(f'SyncBN -> BN in {converted} norm configs: torch runs SyncBN only on CUDA tensors, so on CPU each '
               f'process normalises over its own batch (GPU runs keep SyncBN)', file=sys.stderr)
 
 
-SYNC_BN_TYPES = ('SyncBN', 'MMSyncBN', 'TorchSyncBN')  # mmcv's names for SyncBatchNorm
+def init_gloo():
+    """The gloo process group of a process torchrun started. After torchrun restarts the group, the store still
+    holds the addresses the previous processes published, and gloo would connect to those ('Connection
+    refused'); each start therefore keeps its keys under its own prefix."""
+    attempt = os.environ.get('TORCHELASTIC_RESTART_COUNT')
+    if attempt is None:
+        dist.init_process_group(backend='gloo')
+        return
+    rank, world_size = int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])
+    agent_store = os.environ.get('TORCHELASTIC_USE_AGENT_STORE') == 'True'  # torchrun's agent hosts the store
+    store = dist.TCPStore(os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']), world_size,
+                          is_master=not agent_store and rank == 0)
+    dist.init_process_group(backend='gloo', store=dist.PrefixStore(f'mala_mm/attempt_{attempt}', store),
+                            rank=rank, world_size=world_size)
 
 
-def sync_bn_to_bn(node) -> int:
-    """Turn every ``type='SyncBN'`` (or another SyncBatchNorm name) in a config node into ``'BN'``, in place;
-    returns how many."""
-    if isinstance(node, dict):
-        count = 0
-        if node.get('type') in SYNC_BN_TYPES:
-            node['type'] = 'BN'
-            count += 1
-        return count + sum(sync_bn_to_bn(value) for value in node.values())
-    if isinstance(node, (list, tuple)):
-        return sum(sync_bn_to_bn(value) for value in node)
-    return 0
 
 
 def drain_distributed():

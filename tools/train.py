@@ -4,10 +4,11 @@
     tools/dist_train.sh CONFIG GPUS [same options]      # several processes; works on CPU too (gloo)
 """
 import argparse
+import sys
 
 import torch
 
-from runner_utils import (add_common_args, check_checkpoint, check_data, fail, load_config,
+from runner_utils import (add_common_args, check_checkpoint, check_data, fail, is_main_process, load_config,
                           run_runner, setup_distributed)
 
 
@@ -27,13 +28,19 @@ def parse_args():
 def main():
     args = parse_args()
     cfg = load_config(args)
-    if args.amp:
-        if torch.cuda.is_available():
-            cfg.optim_wrapper.update(type='AmpOptimWrapper', loss_scale='dynamic')
-        else:
+    cpu_only = not torch.cuda.is_available()
+    if args.amp and not cpu_only:
+        cfg.optim_wrapper.update(type='AmpOptimWrapper', loss_scale='dynamic')
+    elif cpu_only and (args.amp or cfg.optim_wrapper.get('type') == 'AmpOptimWrapper'):
+        if args.amp:
             cfg.optim_wrapper.type = 'CPUAmpOptimWrapper'
-            for cuda_only in ('loss_scale', 'dtype'):  # bfloat16 needs no loss scale
-                cfg.optim_wrapper.pop(cuda_only, None)
+        else:  # a paper config's fp16 AMP, which needs CUDA; mmcv's CPU ops (nms) do not take bfloat16 either
+            cfg.optim_wrapper.type = 'OptimWrapper'
+            if is_main_process():
+                print('AmpOptimWrapper -> OptimWrapper: fp16 mixed precision needs CUDA, so this run trains in '
+                      'fp32 (--amp trains in bfloat16 on CPU)', file=sys.stderr)
+        for cuda_only in ('loss_scale', 'dtype'):
+            cfg.optim_wrapper.pop(cuda_only, None)
     if args.auto_scale_lr:
         if 'base_batch_size' not in cfg.get('auto_scale_lr', {}):
             fail(f'--auto-scale-lr: {args.config} has no auto_scale_lr.base_batch_size to scale from')

@@ -67,6 +67,10 @@ class MALA(BaseModule):
                  norm_cfg: dict = dict(type='BN', requires_grad=True),
                  with_cp: bool = False,
                  init_cfg: Optional[dict] = None):
+        if init_cfg is not None and (not isinstance(init_cfg, dict) or init_cfg.get('type') != 'Pretrained'
+                                     or not init_cfg.get('checkpoint')):
+            raise MALAConfigError(f"MALA: init_cfg must be None (the release's initialisation) or "
+                                  f"dict(type='Pretrained', checkpoint=PATH_OR_URL[, prefix=...]), got {init_cfg}")
         super().__init__(init_cfg=init_cfg)
         arch = self._resolve_arch(arch)
         num_stages = len(arch['depths'])
@@ -146,7 +150,7 @@ class MALA(BaseModule):
 
     def init_weights(self):
         """Load ``init_cfg``'s checkpoint if it names one, else initialise as the release does."""
-        if self.init_cfg is not None and self.init_cfg.get('type') == 'Pretrained':
+        if self.init_cfg is not None:
             cfg = dict(self.init_cfg)
             load_backbone_weights(self, cfg['checkpoint'], prefix=cfg.get('prefix'),
                                   logger=MMLogger.get_current_instance())

@@ -93,7 +93,9 @@ def _power_of_two_above(x: Tensor) -> Tensor:
 def linear_attention(q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables] = None, eps: float = 1e-6) -> Tensor:
     """Plain (magnitude-blind) linear attention ``phi(q~) (sum_j phi(k~_j)^T v_j) / (phi(q) sum_m phi(k_m)^T)``.
 
-    The reference MALA improves on; the norm of ``phi(q_i)`` cancels between numerator and denominator.
+    The reference MALA improves on, where the norm of ``phi(q_i)`` cancels between numerator and denominator. No
+    model here uses it: it is the comparison baseline of ``benchmarks/attention_op.py``, of the attention-insight
+    tool and of the tests of magnitude awareness.
 
     Args:
         q, k, v: (B, h, N, d); rope: (N, d) tables from :meth:`RoPE2d.tables`, or None.
