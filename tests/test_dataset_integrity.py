@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from conftest import DATA_DIR, ROOT, run_tool
+from conftest import DATA_DIR, run_tool
 
 SEG_CONFIG = f'{DATA_DIR}/upernet_mala_narrow_64px_builtin.py'
 

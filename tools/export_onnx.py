@@ -9,6 +9,7 @@ normalises it inside. After writing FILE the tool runs it in ONNX Runtime at the
 difference of every output from PyTorch and fails (exit 2) if any exceeds --tolerance (1e-4 relative).
 """
 import argparse
+import importlib.util
 import os.path as osp
 
 import torch
@@ -73,8 +74,16 @@ def unseen_shape(height, width):
     return height + 37, max(32, width - 21)
 
 
+def check_deploy_packages(exporter: str):
+    needed = ['onnx', 'onnxruntime'] + (['onnxscript'] if exporter == 'dynamo' else [])
+    missing = [name for name in needed if importlib.util.find_spec(name) is None]
+    if missing:
+        fail(f'{", ".join(missing)} not installed; install the deploy extra: pip install -e ".[deploy]"')
+
+
 def main():
     args = parse_args()
+    check_deploy_packages(args.exporter)
     from mala_mm.export import (ExportError, ImageToTensors, check_shape, compare_in_onnxruntime,
                                 export_onnx)
     try:
@@ -91,7 +100,8 @@ def main():
         example = torch.rand(1, 3, height, width, generator=generator) * 255
         names = export_onnx(module, example, args.out, dynamic=args.dynamic, opset=args.opset,
                             exporter=args.exporter)
-        print(f'wrote {args.out}: {module.kind}, input image (B, 3, H, W) float32 0-255, outputs {", ".join(names)}')
+        print(f'wrote {args.out}: {module.kind}, input image (B, 3, H, W) float32 0-255, '
+              f'outputs {", ".join(names)}')
         sizes = [(height, width)] + ([unseen_shape(height, width)] if args.dynamic else [])
         worst = 0.0
         for size in sizes:

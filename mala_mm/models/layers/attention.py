@@ -90,7 +90,8 @@ def _power_of_two_above(x: Tensor) -> Tensor:
     return torch.where(x > 0, torch.exp2(torch.floor(torch.log2(x)) + 1), torch.ones_like(x))
 
 
-def linear_attention(q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables] = None, eps: float = 1e-6) -> Tensor:
+def linear_attention(q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables] = None,
+                     eps: float = 1e-6) -> Tensor:
     """Plain (magnitude-blind) linear attention ``phi(q~) (sum_j phi(k~_j)^T v_j) / (phi(q) sum_m phi(k_m)^T)``.
 
     The reference MALA improves on, where the norm of ``phi(q_i)`` cancels between numerator and denominator. No
