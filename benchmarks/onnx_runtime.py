@@ -2,12 +2,13 @@
 
 Exports MALA-T once (dynamic H and W), then times each engine in its own child process at 1280x800 and 512x2048
 (median of --repeats runs after one warm-up) and reads that process's peak resident memory. The floor is the
-forward's FLOPs (convs, matmuls and attention, counted by torch's FlopCounterMode) over the fp32 matmul rate
+forward's FLOPs (convs, matmuls and attention, counted as tools/get_flops.py counts them) over the fp32 matmul rate
 measured in this run on a 2048^3 matmul. Writes results/cpu/onnx_runtime.{md,json}.
 
     python benchmarks/onnx_runtime.py [--repeats 3]
 """
 import argparse
+import importlib.util
 import json
 import os
 import resource
@@ -68,20 +69,14 @@ def sgemm_gflops(size: int = 2048, repeats: int = 5) -> float:
     return 2 * size ** 3 * repeats / (time.perf_counter() - start) / 1e9
 
 
-def cpu_attention_flops(query_shape, key_shape, value_shape, *args, **kwargs) -> int:
-    """q k^T and the weighted sum of v: torch's counter knows the CUDA attention kernels, not the CPU one."""
-    batch, heads, queries, dims = query_shape
-    keys, value_dims = key_shape[-2], value_shape[-1]
-    return 2 * batch * heads * queries * keys * (dims + value_dims)
-
-
 def forward_gflops(model, height: int, width: int) -> float:
-    from torch.utils.flop_counter import FlopCounterMode
-    counter = FlopCounterMode(display=False, custom_mapping={
-        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: cpu_attention_flops})
-    with torch.no_grad(), counter:
-        model(torch.randn(1, 3, height, width))
-    return counter.get_total_flops() / 1e9
+    """FLOPs of one forward, counted as tools/get_flops.py counts them (2 per multiply-accumulate)."""
+    spec = importlib.util.spec_from_file_location(
+        'get_flops', os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'tools/get_flops.py'))
+    get_flops = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(get_flops)
+    macs = get_flops.count_macs(lambda: model(torch.randn(1, 3, height, width)))
+    return 2 * sum(macs.values()) / 1e9
 
 
 def main():

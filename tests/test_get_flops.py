@@ -66,9 +66,10 @@ def test_count_is_convolutions_plus_attention_matmuls(get_flops, attn_type):
 
     conv_macs = []
     for m in backbone.modules():
-        if isinstance(m, nn.Conv2d):
+        if isinstance(m, nn.Conv2d):  # QKVOProjection returns its output as four maps
             m.register_forward_hook(lambda m, args, out: conv_macs.append(
-                out.numel() * m.in_channels // m.groups * m.kernel_size[0] * m.kernel_size[1]))
+                sum(o.numel() for o in (out if isinstance(out, tuple) else (out, )))
+                * m.in_channels // m.groups * m.kernel_size[0] * m.kernel_size[1]))
     macs = get_flops.count_macs(lambda: backbone(torch.randn(1, 3, 32, 32)))
 
     assert get_flops.attention_macs(macs) == attention

@@ -97,3 +97,17 @@ def test_mmengines_own_checkpoint_hook_loses_the_run_when_killed_while_saving(bu
     assert not (work_dir / 'iter_4.pth').exists()
     with pytest.raises(CheckpointError, match='truncated'):
         safe_load(str(work_dir / 'iter_8.pth'))
+
+
+def test_a_kill_while_saving_the_best_checkpoint_leaves_no_truncated_best(builtin_workspace):
+    config = config_with(builtin_workspace, 'kill_saving_best', ["dict(type='KillWhileSavingBestHook')"])
+    work_dir = builtin_workspace / 'kill_saving_best'
+    result = run_tool(
+        ['train.py', config, '--work-dir', str(work_dir), '--cfg-options', 'train_cfg.max_iters=4',
+         'train_cfg.val_interval=4', 'param_scheduler.0.end=2', 'param_scheduler.1.begin=2', 'param_scheduler.1.end=4',
+         'default_hooks.checkpoint.save_best=mIoU', 'default_hooks.checkpoint.rule=greater'],
+        builtin_workspace, PYTHONPATH=osp.dirname(__file__))
+    assert result.returncode == KILLED, result.stderr[-3000:]
+    # the half-written best is only a .part; the regular checkpoint of that iteration is whole
+    assert (work_dir / 'best_mIoU_iter_4.pth.part').is_file() and not (work_dir / 'best_mIoU_iter_4.pth').exists()
+    assert safe_load(str(work_dir / 'iter_4.pth'))['meta']['iter'] == 4
