@@ -69,12 +69,16 @@ def sgemm_gflops(size: int = 2048, repeats: int = 5) -> float:
     return 2 * size ** 3 * repeats / (time.perf_counter() - start) / 1e9
 
 
-def forward_gflops(model, height: int, width: int) -> float:
-    """FLOPs of one forward, counted as tools/get_flops.py counts them (2 per multiply-accumulate)."""
+def _load_get_flops():
     spec = importlib.util.spec_from_file_location(
         'get_flops', os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'tools/get_flops.py'))
-    get_flops = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(get_flops)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def forward_gflops(get_flops, model, height: int, width: int) -> float:
+    """FLOPs of one forward, counted as tools/get_flops.py counts them (2 per multiply-accumulate)."""
     macs = get_flops.count_macs(lambda: model(torch.randn(1, 3, height, width)))
     return 2 * sum(macs.values()) / 1e9
 
@@ -96,8 +100,9 @@ def main():
         torch.onnx.export(model, (torch.randn(1, 3, 256, 320), ), path, dynamo=False, input_names=['image'],
                           dynamic_axes={'image': {2: 'height', 3: 'width'}})
         rate = sgemm_gflops()
+        get_flops = _load_get_flops()
         for size_name, (height, width) in SIZES.items():
-            row = dict(input=size_name, GFLOPs=forward_gflops(model, height, width), **{'SGEMM GFLOP/s': rate})
+            row = dict(input=size_name, GFLOPs=forward_gflops(get_flops, model, height, width), **{'SGEMM GFLOP/s': rate})
             row['floor ms'] = row['GFLOPs'] / rate * 1e3
             for engine in ('pytorch', 'onnxruntime'):
                 out = subprocess.run([sys.executable, __file__, '--child', engine, path, str(height), str(width),

@@ -2,7 +2,7 @@
 
 The exported graph takes an image batch as the config's pipeline loads it (B, 3, H, W) float32, pixel values
 0-255, channels in the loaded order (BGR for ``LoadImageFromFile``), and applies the model's own normalisation
-(mean, std, channel flip) inside the graph. What comes out depends on the model (see :func:`exportable`):
+(mean, std, channel flip) inside the graph. What comes out depends on the model (see :class:`ImageToTensors`):
 
 - ``backbone``: the backbone's feature maps.
 - a segmentor: the decode head's logits (B, classes, H, W), resized to the input's size as mmseg's
@@ -39,7 +39,6 @@ class ImageToTensors(nn.Module):
     def __init__(self, model: nn.Module, backbone_only: bool = False, exportable: bool = True):
         super().__init__()
         self.model = make_exportable(copy.deepcopy(model)) if exportable else model
-        self.backbone_only = backbone_only
         preprocessor = getattr(model, 'data_preprocessor', None)
         mean = getattr(preprocessor, 'mean', None)
         std = getattr(preprocessor, 'std', None)
