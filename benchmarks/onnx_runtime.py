@@ -102,7 +102,8 @@ def main():
         rate = sgemm_gflops()
         get_flops = _load_get_flops()
         for size_name, (height, width) in SIZES.items():
-            row = dict(input=size_name, GFLOPs=forward_gflops(get_flops, model, height, width), **{'SGEMM GFLOP/s': rate})
+            row = dict(input=size_name, GFLOPs=forward_gflops(get_flops, model, height, width))
+            row['SGEMM GFLOP/s'] = rate
             row['floor ms'] = row['GFLOPs'] / rate * 1e3
             for engine in ('pytorch', 'onnxruntime'):
                 out = subprocess.run([sys.executable, __file__, '--child', engine, path, str(height), str(width),
