@@ -87,8 +87,8 @@ def test_config_builds_and_runs_in_tensor_mode(config, record_property):
     tensors = _flat_tensors(outputs)
     assert tensors and all(torch.isfinite(t).all() for t in tensors)
     if scope == 'mmdet':
-        # five FPN levels of 256 channels, halving from stride 4 (Mask R-CNN) or 8 (RetinaNet, start_level=1)
-        first_stride = 4 * 2**cfg.model.neck.get('start_level', 0)
+        # five FPN levels of 256 channels, halving from stride 4 (Mask R-CNN) or 8 (RetinaNet: stages 2-4)
+        first_stride = 4 * 2**(cfg.model.backbone.out_indices[0] + cfg.model.neck.get('start_level', 0))
         assert [tuple(f.shape) for f in features] == [
             (1, 256, math.ceil(IMAGE_SIZE / (first_stride * 2**i)), math.ceil(IMAGE_SIZE / (first_stride * 2**i)))
             for i in range(5)]
@@ -116,7 +116,9 @@ def test_backbone_settings(config):
     assert cfg.pretrained == f'checkpoints/mala_{v}_in1k.pth'
     assert backbone.init_cfg == dict(type='Pretrained', checkpoint=cfg.pretrained)
     widths = MALA.arch_zoo[arch]['embed_dims']
-    if config.startswith('detection/') or '/fpn_' in config:
+    if 'retinanet' in config:
+        assert cfg.model.neck.in_channels == widths[1:]
+    elif config.startswith('detection/') or '/fpn_' in config:
         assert cfg.model.neck.in_channels == widths
     else:
         assert cfg.model.decode_head.in_channels == widths
@@ -177,9 +179,30 @@ def test_cascade_heads(variant):
 def test_retinanet_fpn_from_stage_2(variant):
     cfg = load(f'detection/retinanet_mala_{variant}.py')
     assert (cfg.model.neck.start_level, cfg.model.neck.add_extra_convs, cfg.model.neck.num_outs) == (
-        1, 'on_input', 5)
-    assert cfg.model.backbone.out_indices == (0, 1, 2, 3)
-    assert cfg.find_unused_parameters is True
+        0, 'on_input', 5)
+    assert cfg.model.backbone.out_indices == (1, 2, 3)
+    assert 'find_unused_parameters' not in cfg
+
+
+def test_retinanet_trains_every_parameter():
+    """With stages 2-4 as the backbone's outputs, every parameter gets a gradient: DDP needs no unused-parameter
+    search (the release's four outputs with FPN start_level=1 left stage 1's output norm unused)."""
+    cfg = load('detection/retinanet_mala_t.py')
+    cfg.model.backbone.norm_cfg = dict(type='BN', requires_grad=True)  # SyncBN needs a process group
+    init_default_scope('mmdet')
+    from mmdet.registry import MODELS
+    from mmdet.structures import DetDataSample
+    from mmengine.structures import InstanceData
+    torch.manual_seed(0)
+    model = MODELS.build(cfg.model).train()
+    size = (IMAGE_SIZE, IMAGE_SIZE)
+    sample = DetDataSample(metainfo=dict(img_shape=size, ori_shape=size, pad_shape=size, batch_input_shape=size,
+                                         scale_factor=(1., 1.)))
+    sample.gt_instances = InstanceData(bboxes=torch.tensor([[16., 16., 80., 96.]]), labels=torch.tensor([1]))
+    losses = model.loss(torch.randn(1, 3, *size), [sample])
+    sum(value.sum() if isinstance(value, torch.Tensor) else sum(value) for value in losses.values()).backward()
+    without_grad = [name for name, p in model.named_parameters() if p.grad is None]
+    assert without_grad == []
 
 
 @pytest.mark.parametrize('config', SEGMENTATION_CONFIGS)

@@ -1,11 +1,6 @@
-_base_ = './_base_/cascade_mask_rcnn_mala_3x.py'
+_base_ = ['./_base_/cascade_mask_rcnn_mala_3x.py', '../_base_/mala_l.py']
 
-# ImageNet-1K MALA-L classification checkpoint of the authors' release, downloaded to this local path
-pretrained = 'checkpoints/mala_l_in1k.pth'
-
-model = dict(
-    backbone=dict(arch='large', drop_path_rate=0.55, init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    neck=dict(in_channels=[96, 192, 448, 640]))
+model = dict(backbone=_base_.mala_variant, neck=dict(in_channels=_base_.mala_channels))
 
 # 1 image per GPU (8 in all) at lr 2e-4: the release's large 3x recipe (stated for Mask R-CNN;
 # the Cascade 3x schedule is the same)

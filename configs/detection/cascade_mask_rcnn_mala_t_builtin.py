@@ -1,14 +1,14 @@
 # MALA-T Cascade Mask R-CNN on the built-in shapes dataset, trained from scratch.
 _base_ = ['mmdet::_base_/models/cascade-mask-rcnn_r50_fpn.py', './_base_/builtin_runtime.py']
 
-norm_cfg = {{_base_.norm_cfg}}
+norm_cfg = _base_.norm_cfg
 # the three stages as in mmdet's base: each regresses finer offsets and takes a higher IoU as positive
 stage_target_stds = [[0.1, 0.1, 0.2, 0.2], [0.05, 0.05, 0.1, 0.1], [0.033, 0.033, 0.067, 0.067]]
 stage_ious = [0.5, 0.6, 0.7]
 model = dict(
-    backbone={{_base_.builtin_backbone}},
-    neck={{_base_.builtin_neck}},
-    rpn_head={{_base_.builtin_rpn_head}},
+    backbone=_base_.builtin_backbone,
+    neck=_base_.builtin_neck,
+    rpn_head=_base_.builtin_rpn_head,
     roi_head=dict(
         bbox_roi_extractor=dict(out_channels=128),
         bbox_head=[

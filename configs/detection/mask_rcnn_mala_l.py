@@ -1,8 +1,3 @@
-_base_ = './_base_/mask_rcnn_mala_1x.py'
+_base_ = ['./_base_/mask_rcnn_mala_1x.py', '../_base_/mala_l.py']
 
-# ImageNet-1K MALA-L classification checkpoint of the authors' release, downloaded to this local path
-pretrained = 'checkpoints/mala_l_in1k.pth'
-
-model = dict(
-    backbone=dict(arch='large', drop_path_rate=0.55, init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    neck=dict(in_channels=[96, 192, 448, 640]))
+model = dict(backbone=_base_.mala_variant, neck=dict(in_channels=_base_.mala_channels))

@@ -1,11 +1,11 @@
 # MALA-T Mask R-CNN on the built-in shapes dataset, trained from scratch.
 _base_ = ['mmdet::_base_/models/mask-rcnn_r50_fpn.py', './_base_/builtin_runtime.py']
 
-norm_cfg = {{_base_.norm_cfg}}
+norm_cfg = _base_.norm_cfg
 model = dict(
-    backbone={{_base_.builtin_backbone}},
-    neck={{_base_.builtin_neck}},
-    rpn_head={{_base_.builtin_rpn_head}},
+    backbone=_base_.builtin_backbone,
+    neck=_base_.builtin_neck,
+    rpn_head=_base_.builtin_rpn_head,
     roi_head=dict(
         bbox_roi_extractor=dict(out_channels=128),
         bbox_head=dict(

@@ -1,8 +1,3 @@
-_base_ = './_base_/retinanet_mala_1x.py'
+_base_ = ['./_base_/retinanet_mala_1x.py', '../_base_/mala_b.py']
 
-# ImageNet-1K MALA-B classification checkpoint of the authors' release, downloaded to this local path
-pretrained = 'checkpoints/mala_b_in1k.pth'
-
-model = dict(
-    backbone=dict(arch='base', drop_path_rate=0.4, init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    neck=dict(in_channels=[96, 192, 384, 512]))
+model = dict(backbone=_base_.mala_variant, neck=dict(in_channels=_base_.mala_channels[1:]))

@@ -1,8 +1,3 @@
-_base_ = './_base_/retinanet_mala_1x.py'
+_base_ = ['./_base_/retinanet_mala_1x.py', '../_base_/mala_s.py']
 
-# ImageNet-1K MALA-S classification checkpoint of the authors' release, downloaded to this local path
-pretrained = 'checkpoints/mala_s_in1k.pth'
-
-model = dict(
-    backbone=dict(arch='small', drop_path_rate=0.15, init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    neck=dict(in_channels=[64, 128, 320, 512]))
+model = dict(backbone=_base_.mala_variant, neck=dict(in_channels=_base_.mala_channels[1:]))

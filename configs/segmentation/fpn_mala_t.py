@@ -1,8 +1,3 @@
-_base_ = './_base_/fpn_mala_80k.py'
+_base_ = ['./_base_/fpn_mala_80k.py', '../_base_/mala_t.py']
 
-# ImageNet-1K MALA-T classification checkpoint of the authors' release, downloaded to this local path
-pretrained = 'checkpoints/mala_t_in1k.pth'
-
-model = dict(
-    backbone=dict(arch='tiny', drop_path_rate=0.1, init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    neck=dict(in_channels=[64, 128, 256, 512]))
+model = dict(backbone=_base_.mala_variant, neck=dict(in_channels=_base_.mala_channels))

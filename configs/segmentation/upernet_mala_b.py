@@ -1,9 +1,6 @@
-_base_ = './_base_/upernet_mala_160k.py'
-
-# ImageNet-1K MALA-B classification checkpoint of the authors' release, downloaded to this local path
-pretrained = 'checkpoints/mala_b_in1k.pth'
+_base_ = ['./_base_/upernet_mala_160k.py', '../_base_/mala_b.py']
 
 model = dict(
-    backbone=dict(arch='base', drop_path_rate=0.4, init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    decode_head=dict(in_channels=[96, 192, 384, 512]),
-    auxiliary_head=dict(in_channels=384))
+    backbone=_base_.mala_variant,
+    decode_head=dict(in_channels=_base_.mala_channels),
+    auxiliary_head=dict(in_channels=_base_.mala_channels[2]))

@@ -1,9 +1,6 @@
-_base_ = './_base_/upernet_mala_160k.py'
-
-# ImageNet-1K MALA-T classification checkpoint of the authors' release, downloaded to this local path
-pretrained = 'checkpoints/mala_t_in1k.pth'
+_base_ = ['./_base_/upernet_mala_160k.py', '../_base_/mala_t.py']
 
 model = dict(
-    backbone=dict(arch='tiny', drop_path_rate=0.1, init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    decode_head=dict(in_channels=[64, 128, 256, 512]),
-    auxiliary_head=dict(in_channels=256))
+    backbone=_base_.mala_variant,
+    decode_head=dict(in_channels=_base_.mala_channels),
+    auxiliary_head=dict(in_channels=_base_.mala_channels[2]))

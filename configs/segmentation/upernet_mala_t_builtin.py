@@ -3,7 +3,8 @@
 _base_ = [
     'mmseg::_base_/models/upernet_r50.py',
     './_base_/datasets/builtin_semantic.py',
-    'mmseg::_base_/default_runtime.py',
+    './_base_/default_runtime.py',
+    '../_base_/mala_t.py',  # for its widths
 ]
 custom_imports = dict(imports=['mala_mm'], allow_failed_imports=False)
 
@@ -22,8 +23,8 @@ model = dict(
         init_cfg=None),
     # heads a quarter as wide as ADE20K's: most of a CPU step is spent in them at this resolution
     decode_head=dict(
-        in_channels=[64, 128, 256, 512], channels=128, num_classes=num_classes, norm_cfg=norm_cfg),
-    auxiliary_head=dict(in_channels=256, channels=64, num_classes=num_classes, norm_cfg=norm_cfg))
+        in_channels=_base_.mala_channels, channels=128, num_classes=num_classes, norm_cfg=norm_cfg),
+    auxiliary_head=dict(in_channels=_base_.mala_channels[2], channels=64, num_classes=num_classes, norm_cfg=norm_cfg))
 
 max_iters = 300
 train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=max_iters)
@@ -50,4 +51,3 @@ default_hooks = dict(
 log_processor = dict(window_size=10, by_epoch=False)
 # reproducible runs; a run killed and resumed ends with the weights of an uninterrupted one
 randomness = dict(seed=0)
-custom_hooks = [dict(type='IterationSeedHook'), dict(type='SyncNormStatsHook')]

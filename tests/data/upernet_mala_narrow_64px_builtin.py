@@ -13,20 +13,9 @@ model = dict(
     decode_head=dict(in_channels=widths),
     auxiliary_head=dict(in_channels=widths[2]))
 
-train_pipeline = [
-    dict(type='LoadImageFromFile'),
-    dict(type='LoadAnnotations'),
-    dict(type='RandomResize', scale=size, ratio_range=(0.75, 1.5), keep_ratio=True),
-    dict(type='RandomCrop', crop_size=size, cat_max_ratio=0.9),
-    dict(type='RandomFlip', prob=0.5),
-    dict(type='PackSegInputs'),
-]
-test_pipeline = [
-    dict(type='LoadImageFromFile'),
-    dict(type='Resize', scale=size, keep_ratio=True),
-    dict(type='LoadAnnotations'),
-    dict(type='PackSegInputs'),
-]
+# the built-in pipelines with every image size (resize scale, crop size) at 64 x 64
+train_pipeline = [dict(t, **{key: size for key in ('scale', 'crop_size') if key in t}) for t in _base_.train_pipeline]
+test_pipeline = [dict(t, **{key: size for key in ('scale', 'crop_size') if key in t}) for t in _base_.test_pipeline]
 train_dataloader = dict(dataset=dict(pipeline=train_pipeline))
 val_dataloader = dict(dataset=dict(pipeline=test_pipeline))
 test_dataloader = val_dataloader

@@ -1,6 +1,6 @@
 # What the built-in detectors share: the built-in shapes data, a MALA-T trained from scratch, and a schedule
 # short enough for minutes on CPU (2 processes, gloo). A check of the whole pipeline, not a recipe for COCO.
-_base_ = ['./datasets/builtin_instance.py', './default_runtime.py']
+_base_ = ['./datasets/builtin_instance.py', './default_runtime.py', '../../_base_/mala_t.py']  # for its widths
 custom_imports = dict(imports=['mala_mm'], allow_failed_imports=False)
 
 norm_cfg = dict(type='BN', requires_grad=True)  # SyncBN does not run on CPU tensors
@@ -14,7 +14,7 @@ builtin_backbone = dict(
     init_cfg=None)
 # necks and heads narrower than COCO's: at this resolution they, the mask head above all, would cost more than
 # the backbone; BN in them lets them learn from scratch within a few hundred iterations
-builtin_neck = dict(in_channels=[64, 128, 256, 512], out_channels=128, norm_cfg=norm_cfg)
+builtin_neck = dict(in_channels=_base_.mala_channels, out_channels=128, norm_cfg=norm_cfg)
 builtin_rpn_head = dict(in_channels=128, feat_channels=128, anchor_generator=dict(scales=[4]))  # objects: 33-67 px
 
 max_iters = 500

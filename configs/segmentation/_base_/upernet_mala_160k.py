@@ -1,7 +1,7 @@
 # UperNet 160k on ADE20K: 512x512 crops, 8 GPUs x 2 images, single-scale test
 _base_ = [
     './models/upernet_mala.py', 'mmseg::_base_/datasets/ade20k.py', './schedules/adamw_poly_160k.py',
-    'mmseg::_base_/default_runtime.py'
+    './default_runtime.py'
 ]
 
 train_dataloader = dict(batch_size=2)

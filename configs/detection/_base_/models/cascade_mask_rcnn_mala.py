@@ -1,8 +1,8 @@
-_base_ = ['mmdet::_base_/models/cascade-mask-rcnn_r50_fpn.py', '../../../_base_/mala_s_backbone.py']
+# Cascade Mask R-CNN with a MALA backbone; the leaf config names the variant and the neck's input widths.
+_base_ = ['mmdet::_base_/models/cascade-mask-rcnn_r50_fpn.py', '../../../_base_/mala_backbone.py']
 
 model = dict(
-    backbone={{_base_.mala_s_backbone}},
-    neck=dict(in_channels=[64, 128, 320, 512]),
+    backbone=_base_.mala_backbone,
     # three stages of 4conv1fc box heads with SyncBN, regressing decoded boxes under a GIoU loss
     roi_head=dict(bbox_head=[
         dict(

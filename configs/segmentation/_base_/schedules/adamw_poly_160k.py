@@ -17,6 +17,5 @@ param_scheduler = [
 # the recipe's lr is for 8 GPUs x 2 images
 auto_scale_lr = dict(enable=False, base_batch_size=16)
 
-# checkpoints are written whole or not at all, and random draws repeat on resume (mala_mm.engine.hooks)
+# checkpoints are written whole or not at all (mala_mm.engine.hooks); in mmseg the schedule sets the hooks
 default_hooks = dict(checkpoint=dict(type='AtomicCheckpointHook'))
-custom_hooks = [dict(type='IterationSeedHook'), dict(type='SyncNormStatsHook')]

@@ -12,6 +12,5 @@ param_scheduler = [dict(type='PolyLR', eta_min=1e-6, power=0.9, begin=0, end=800
 # the recipe's lr is for 8 GPUs x 2 images
 auto_scale_lr = dict(enable=False, base_batch_size=16)
 
-# checkpoints are written whole or not at all, and random draws repeat on resume (mala_mm.engine.hooks)
+# checkpoints are written whole or not at all (mala_mm.engine.hooks); in mmseg the schedule sets the hooks
 default_hooks = dict(checkpoint=dict(type='AtomicCheckpointHook'))
-custom_hooks = [dict(type='IterationSeedHook'), dict(type='SyncNormStatsHook')]
