@@ -12,6 +12,7 @@ import torch
 from mmengine.logging import HistoryBuffer, MMLogger
 
 from conftest import DATA_DIR, OFFICIAL_LAYOUT_DIR
+from hostile_pickles import Calls, LooksUpAMethod, WritesAFile
 from mala_mm import MALA
 from mala_mm.checkpoint import CheckpointError, extract_backbone_state_dict, safe_load
 
@@ -135,38 +136,15 @@ def test_missing_and_truncated_files_are_clear_errors(tmp_path, small_arch):
         safe_load(str(junk))
 
 
-class WritesAFile:
-    def __init__(self, path):
-        self.path = path
-
-    def __reduce__(self):
-        return (open, (self.path, 'w'))
-
-
-class _LooksUpAMethod:
-    def __reduce__(self):
-        return (getattr, (np.ndarray, 'tofile'))
-
-
 @pytest.mark.parametrize('payload', ['open', 'getattr'])
 def test_a_pickle_that_runs_code_is_refused_without_running(tmp_path, payload):
     marker = tmp_path / 'pwned'
     path = tmp_path / 'hostile.pth'
-    hostile = WritesAFile(str(marker)) if payload == 'open' else _LooksUpAMethod()
+    hostile = WritesAFile(str(marker)) if payload == 'open' else LooksUpAMethod()
     torch.save({'state_dict': {}, 'payload': hostile}, path)
     with pytest.raises(CheckpointError, match=f'refused to load .*{payload}'):
         safe_load(str(path))
     assert not marker.exists()
-
-
-class Calls:
-    """Pickles as ``function(*args)``, optionally followed by ``__setstate__(state)``."""
-
-    def __init__(self, function, args, state=None):
-        self.reduced = (function, args) if state is None else (function, args, state)
-
-    def __reduce__(self):
-        return self.reduced
 
 
 def _touch(marker):

@@ -118,7 +118,7 @@ def test_verify_accepts_the_checkpoint_of_its_arch(release_arch_config):
 
 def test_verify_rejects_another_arch_naming_the_shapes():
     result = run_tool('verify_checkpoint.py', DET_CKPT, '--arch', 'tiny')
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert 'tiny: does not fit' in result.stdout
     assert 'patch_embed.proj.0.weight: checkpoint (16, 3, 3, 3), model (32, 3, 3, 3)' in result.stdout
     assert 'fits none of the variants tried' in result.stderr
@@ -130,7 +130,7 @@ def test_verify_reports_missing_blocks(tmp_path, release_arch_config):
     path = tmp_path / 'truncated.pth'
     torch.save(truncated, path)
     result = run_tool('verify_checkpoint.py', path, '--config', release_arch_config)
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert 'does not fit' in result.stdout
     assert 'missing from the checkpoint' in result.stdout and 'layers.1.blocks.1.' in result.stdout
 

@@ -6,12 +6,11 @@ from pathlib import Path
 import pytest
 from mmengine.config import Config
 
-from conftest import ROOT, import_tool, run_tool
+from conftest import ROOT, run_tool
+from mala_mm.cli import config_check
 
 CONFIG_ROOT = Path(ROOT) / 'configs'
 DET_CONFIG = str(CONFIG_ROOT / 'detection/mask_rcnn_mala_t_builtin.py')
-
-config_check = import_tool('config_check.py')
 
 
 def _shipped_configs():

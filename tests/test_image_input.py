@@ -76,7 +76,7 @@ def test_empty_image_stops_the_tool_before_the_run(builtin_dataset):
     assert errors == [
         "error: empty files in the dataset under 'data/builtin/': data/builtin/images/validation/000001.jpg (a "
         "download or copy that stopped part way leaves these). To fix it, generate it again with: "
-        "python tools/make_builtin_dataset.py --out data/builtin --force"]
+        "python -m mala_mm.cli.make_builtin_dataset --out data/builtin --force"]
     assert 'Traceback' not in result.stderr
 
 

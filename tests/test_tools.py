@@ -11,7 +11,7 @@ from mmengine.config import Config
 
 from conftest import ROOT, free_port, run_tool
 from mala_mm.runtime import sync_bn_to_bn
-from test_checkpoint import WritesAFile
+from hostile_pickles import WritesAFile
 
 DET_CONFIG = osp.join(ROOT, 'configs/detection/mask_rcnn_mala_t_builtin.py')
 SEG_CONFIG = osp.join(ROOT, 'configs/segmentation/upernet_mala_t_builtin.py')
@@ -32,7 +32,7 @@ def test_missing_dataset_names_the_folder_and_the_command(config, tmp_path):
     assert result.returncode == 2, result.stderr[-2000:]
     assert "dataset not found under 'data/builtin/'" in result.stderr
     assert 'data/builtin/images/training' in result.stderr
-    assert 'python tools/make_builtin_dataset.py --out data/builtin' in result.stderr
+    assert 'python -m mala_mm.cli.make_builtin_dataset --out data/builtin' in result.stderr
     assert 'Traceback' not in result.stderr
 
 
@@ -41,7 +41,7 @@ def test_missing_dataset_through_the_launcher(tmp_path):
     assert result.returncode != 0
     output = result.stdout + result.stderr
     # printed once, by the first process, not by each
-    assert output.count('python tools/make_builtin_dataset.py --out data/builtin') == 1
+    assert output.count('python -m mala_mm.cli.make_builtin_dataset --out data/builtin') == 1
 
 
 def test_other_datasets_get_a_generic_hint(tmp_path):

@@ -13,7 +13,7 @@ from mmengine.config import Config
 from mmengine.registry import init_default_scope
 from mmengine.runner import load_checkpoint
 
-from runner_utils import SCOPES, fail
+from mala_mm.cli import SCOPES, fail
 
 DATA_SAMPLES = {'mmdet': 'DetDataSample', 'mmseg': 'SegDataSample'}
 
@@ -50,8 +50,6 @@ def main():
     init_default_scope(scope)
     model = importlib.import_module(f'{scope}.registry').MODELS.build(cfg.model)
     if args.checkpoint:
-        from mala_mm.checkpoint import SAFE_GLOBALS
-        torch.serialization.add_safe_globals(SAFE_GLOBALS)
         load_checkpoint(model, args.checkpoint, map_location='cpu')
     else:
         model.init_weights()

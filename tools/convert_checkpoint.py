@@ -10,12 +10,12 @@ Example:
 """
 import argparse
 import os
-import sys
 from collections import Counter
 from typing import Dict, List
 
 import torch
 
+from mala_mm.cli import fail
 from mala_mm.checkpoint import CheckpointError, extract_backbone_state_dict, model_state, safe_load
 
 
@@ -77,7 +77,7 @@ def main():
     try:
         state = convert(safe_load(args.src), args.ema, args.prefix)
     except (FileNotFoundError, CheckpointError) as err:
-        sys.exit(f'convert_checkpoint: {err}')
+        fail(str(err))
     os.makedirs(os.path.dirname(os.path.abspath(args.dst)), exist_ok=True)
     torch.save(state, args.dst)
     print(f'saved {args.dst}; check it fits a variant with: python tools/verify_checkpoint.py {args.dst} --arch ARCH')

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from mmengine.config import Config
 from mmengine.structures import PixelData
 
-from runner_utils import SCOPES, fail
+from mala_mm.cli import SCOPES, fail
 
 
 def parse_args():

@@ -15,7 +15,7 @@ import os.path as osp
 import torch
 from mmengine.config import Config, DictAction
 
-from runner_utils import fail
+from mala_mm.cli import fail
 
 
 def parse_args():

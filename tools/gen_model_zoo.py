@@ -5,14 +5,15 @@ metafile, one row per entry. Unknown values (null in the metafile) are left as e
 
 Examples:
     python tools/gen_model_zoo.py            # rewrite the tables in README.md
-    python tools/gen_model_zoo.py --check    # exit 1 if README.md is not what the metafiles give
+    python tools/gen_model_zoo.py --check    # exit 2 if README.md is not what the metafiles give
 """
 import argparse
-import sys
 from pathlib import Path
 from typing import List
 
 import yaml
+
+from mala_mm.cli import fail
 
 REPO = Path(__file__).resolve().parents[1]
 START, END = '<!-- model-zoo:start -->', '<!-- model-zoo:end -->'
@@ -22,12 +23,12 @@ def load_metafiles(index: Path) -> List[dict]:
     """The metafiles imported by ``index``, each as loaded, in import order (paths relative to the index)."""
     imports = (yaml.safe_load(index.read_text()) or {}).get('Import') or []
     if not imports:
-        raise SystemExit(f'gen_model_zoo: {index} imports no metafile')
+        fail(f'{index} imports no metafile')
     metafiles = []
     for name in imports:
         path = index.parent / name
         if not path.is_file():
-            raise SystemExit(f'gen_model_zoo: {index} imports {name}, which does not exist')
+            fail(f'{index} imports {name}, which does not exist')
         metafiles.append(yaml.safe_load(path.read_text()))
     return metafiles
 
@@ -64,7 +65,7 @@ def render_table(metafile: dict) -> str:
                    _cell(meta.get('Attention FLOPs (G)'), '.1f'), *(_cell(values.get(name)) for name in metrics),
                    f'[model]({model["Weights"]})' if model.get('Weights') else '']
         except KeyError as err:
-            raise SystemExit(f'gen_model_zoo: metafile entry {model.get("Name", model)!r} has no {err}') from None
+            fail(f'metafile entry {model.get("Name", model)!r} has no {err}')
         lines.append(_row(row))
     return '\n'.join(lines)
 
@@ -72,7 +73,7 @@ def render_table(metafile: dict) -> str:
 def render_readme(readme: str, metafiles: List[dict]) -> str:
     """``readme`` with the text between the markers replaced by the tables."""
     if readme.count(START) != 1 or readme.count(END) != 1 or readme.index(START) > readme.index(END):
-        raise SystemExit(f'gen_model_zoo: the README must contain {START} and, after it, {END}, once each')
+        fail(f'the README must contain {START} and, after it, {END}, once each')
     head, rest = readme.split(START)
     _, tail = rest.split(END)
     tables = '\n\n'.join(render_table(metafile) for metafile in metafiles)
@@ -81,7 +82,7 @@ def render_readme(readme: str, metafiles: List[dict]) -> str:
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--check', action='store_true', help='do not write; exit 1 if the README is stale')
+    parser.add_argument('--check', action='store_true', help='do not write; exit 2 if the README is stale')
     parser.add_argument('--index', type=Path, default=REPO / 'model-index.yml', help='the model index')
     parser.add_argument('--readme', type=Path, default=REPO / 'README.md', help='the README to update')
     return parser.parse_args()
@@ -90,13 +91,12 @@ def parse_args():
 def main():
     args = parse_args()
     if not args.readme.is_file():
-        raise SystemExit(f'gen_model_zoo: README not found: {args.readme}')
+        fail(f'README not found: {args.readme}')
     readme = args.readme.read_text()
     rendered = render_readme(readme, load_metafiles(args.index))
     if args.check:
         if rendered != readme:
-            sys.exit(f'{args.readme}: the model-zoo tables differ from {args.index}; '
-                     f'run python tools/gen_model_zoo.py')
+            fail(f'{args.readme}: the model-zoo tables differ from {args.index}; run python tools/gen_model_zoo.py')
         print(f'{args.readme}: model-zoo tables are up to date')
     elif rendered != readme:
         args.readme.write_text(rendered)

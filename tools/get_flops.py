@@ -20,6 +20,8 @@ from mmengine.registry import init_default_scope
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
+from mala_mm.cli import fail
+
 # the paper's input sizes (H, W)
 DEFAULT_SHAPES = {'mmdet': (800, 1280), 'mmseg': (512, 2048)}
 GIGA = 2**30
@@ -52,7 +54,7 @@ def build_model(cfg: Config) -> Tuple[str, nn.Module]:
     """Build ``cfg.model`` in eval mode through the registry of the config's default_scope."""
     scope = cfg.get('default_scope')
     if scope not in DEFAULT_SHAPES:
-        raise SystemExit(f'get_flops: default_scope must be one of {sorted(DEFAULT_SHAPES)} '
+        fail(f'default_scope must be one of {sorted(DEFAULT_SHAPES)} '
                          f'(an mmdet or mmseg config), got {scope!r}')
     init_default_scope(scope)
     models = importlib.import_module(f'{scope}.registry').MODELS
@@ -94,7 +96,7 @@ def parse_args():
 def main():
     args = parse_args()
     if not os.path.isfile(args.config):
-        raise SystemExit(f'get_flops: config file not found: {args.config}')
+        fail(f'config file not found: {args.config}')
     cfg = Config.fromfile(args.config)
     scope, model = build_model(cfg)
     height, width = args.shape or DEFAULT_SHAPES[scope]

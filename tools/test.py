@@ -5,7 +5,7 @@
 """
 import argparse
 
-from runner_utils import (add_common_args, check_checkpoint, check_data, fail, load_config,
+from mala_mm.cli import (add_common_args, check_checkpoint, check_data, fail, load_config,
                           run_runner, setup_distributed)
 
 

@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from runner_utils import (add_common_args, check_checkpoint, check_data, fail, is_main_process, load_config,
+from mala_mm.cli import (add_common_args, check_checkpoint, check_data, fail, is_main_process, load_config,
                           run_runner, setup_distributed)
 
 

@@ -4,9 +4,8 @@ Compares the checkpoint's backbone tensors (any format ``MALA`` loads) with the 
 keys missing from the checkpoint, keys the model does not have, and shapes that differ. A checkpoint fits when
 no shape differs and the only keys missing or left over are the dense model's output norms
 (``extra_norms.*``: ImageNet checkpoints lack them, and they start at their initialisation; a config with fewer
-``out_indices`` has fewer of them). Without ``--arch``
-or ``--config`` every released variant is tried. Exits 0 when the checkpoint fits (every tried variant it fits
-is listed), 1 otherwise.
+``out_indices`` has fewer of them). Without ``--arch`` or ``--config`` every released variant is tried. Exits 0
+when the checkpoint fits (every tried variant it fits is listed), 2 otherwise.
 
 Examples:
     python tools/verify_checkpoint.py checkpoints/mala_b_in1k.pth --arch base
@@ -14,12 +13,12 @@ Examples:
 """
 import argparse
 import os
-import sys
 from typing import Dict
 
 from mmengine.config import Config
 
 from mala_mm import MALA
+from mala_mm.cli import fail
 from mala_mm.checkpoint import (CheckpointError, StateDictComparison, compare_state_dict, extract_backbone_state_dict,
                                 safe_load)
 
@@ -49,10 +48,10 @@ def backbones_to_try(args) -> Dict[str, MALA]:
     """{description: backbone} from --config, --arch or every released variant."""
     if args.config:
         if not os.path.isfile(args.config):
-            raise SystemExit(f'verify_checkpoint: config file not found: {args.config}')
+            fail(f'config file not found: {args.config}')
         backbone = dict(Config.fromfile(args.config).model.backbone)
         if backbone.pop('type', None) != 'MALA':
-            raise SystemExit(f'verify_checkpoint: the backbone of {args.config} is not MALA')
+            fail(f'the backbone of {args.config} is not MALA')
         backbone.pop('init_cfg', None)
         return {f'{args.config} ({backbone.get("arch")})': MALA(**backbone)}
     return {arch: MALA(arch=arch) for arch in ([args.arch] if args.arch else VARIANTS)}
@@ -73,9 +72,9 @@ def main():
     try:
         state = extract_backbone_state_dict(safe_load(args.checkpoint), args.prefix)
     except (FileNotFoundError, CheckpointError) as err:
-        sys.exit(f'verify_checkpoint: {err}')
+        fail(str(err))
     if not state:
-        sys.exit(f'verify_checkpoint: {args.checkpoint} holds no backbone tensor (prefix={args.prefix!r})')
+        fail(f'{args.checkpoint} holds no backbone tensor (prefix={args.prefix!r})')
     print(f'{args.checkpoint}: {len(state)} backbone tensors')
     fitting = []
     for name, model in backbones_to_try(args).items():
@@ -84,7 +83,7 @@ def main():
         if fits(comparison):
             fitting.append(name)
     if not fitting:
-        sys.exit('verify_checkpoint: the checkpoint fits none of the variants tried')
+        fail('the checkpoint fits none of the variants tried')
     print(f'fits: {", ".join(fitting)}')
 
 

@@ -37,6 +37,7 @@ from torch import Tensor  # noqa: E402
 
 from mala_mm import MALA  # noqa: E402
 from mala_mm.checkpoint import CheckpointError, load_backbone_weights  # noqa: E402
+from mala_mm.cli import fail  # noqa: E402
 from mala_mm.models.layers import RotaryTables, linear_attention, mala_attention, softmax_attention  # noqa: E402
 
 KINDS = {'MALA': mala_attention, 'linear': linear_attention, 'softmax': softmax_attention}
@@ -63,7 +64,7 @@ def load_image(path: str, max_size: int) -> np.ndarray:
     """RGB uint8 image, shrunk so that its longer side is at most ``max_size``."""
     image = cv2.imread(path, cv2.IMREAD_COLOR)
     if image is None:
-        raise SystemExit(f'attention_insight: cannot read an image from {path!r}')
+        fail(f'cannot read an image from {path!r}')
     scale = max_size / max(image.shape[:2])
     if scale < 1:
         image = cv2.resize(image, None, fx=scale, fy=scale, interpolation=cv2.INTER_AREA)
@@ -131,7 +132,7 @@ def query_token(row: int, col: int, image_shape, attention: BlockAttention) -> i
     """Index of the token whose cell holds pixel (row, col)."""
     height, width = image_shape[:2]
     if not (0 <= row < height and 0 <= col < width):
-        raise SystemExit(f'attention_insight: query ({row}, {col}) lies outside the {height}x{width} image')
+        fail(f'query ({row}, {col}) lies outside the {height}x{width} image')
     return (row * attention.height // height) * attention.width + col * attention.width // width
 
 
@@ -184,7 +185,7 @@ def build_backbone(arch: str, checkpoint: Optional[str], seed: int) -> MALA:
         try:
             load_backbone_weights(backbone, checkpoint)
         except (FileNotFoundError, CheckpointError) as err:
-            raise SystemExit(f'attention_insight: {err}') from None
+            fail(str(err))
     else:
         backbone.init_weights()
     return backbone.eval()
@@ -192,12 +193,12 @@ def build_backbone(arch: str, checkpoint: Optional[str], seed: int) -> MALA:
 
 def check_position(backbone: MALA, stage: int, block: int, head: int) -> None:
     if not 0 <= stage < len(backbone.layers):
-        raise SystemExit(f'attention_insight: --stage must be in [0, {len(backbone.layers)}), got {stage}')
+        fail(f'--stage must be in [0, {len(backbone.layers)}), got {stage}')
     blocks = backbone.layers[stage].blocks
     if not 0 <= block < len(blocks):
-        raise SystemExit(f'attention_insight: stage {stage} has {len(blocks)} blocks; --block {block} is not one')
+        fail(f'stage {stage} has {len(blocks)} blocks; --block {block} is not one')
     if not 0 <= head < blocks[block].attn.num_heads:
-        raise SystemExit(f'attention_insight: stage {stage} has {blocks[block].attn.num_heads} heads; '
+        fail(f'stage {stage} has {blocks[block].attn.num_heads} heads; '
                          f'--head {head} is not one')
 
 
@@ -228,7 +229,7 @@ def main():
     attention = capture_block(backbone, to_batch(image), args.stage, args.block)
     num_tokens = attention.height * attention.width
     if num_tokens > MAX_TOKENS:
-        raise SystemExit(f'attention_insight: stage {args.stage} has {num_tokens} tokens on this image; use a '
+        fail(f'stage {args.stage} has {num_tokens} tokens on this image; use a '
                          f'smaller --max-size or a later stage (at most {MAX_TOKENS} tokens)')
     row, col = args.query or (image.shape[0] // 2, image.shape[1] // 2)
     token = query_token(row, col, image.shape, attention)

@@ -1,5 +1,5 @@
-"""What tools/train.py and tools/test.py share: config loading, checks with clear messages, and the
-distributed set-up that also works without CUDA."""
+"""What the training and test commands share: config loading, checks with clear messages, and the distributed
+set-up that also works without CUDA."""
 import importlib
 import os
 import os.path as osp
@@ -11,20 +11,10 @@ import torch
 import torch.distributed as dist
 from mmengine.config import Config, DictAction
 
-from config_check import config_problems
+from .config_check import config_problems
+from .errors import fail, is_main_process
 
 SCOPES = ('mmdet', 'mmseg')  # the config's default_scope picks the library
-
-
-def is_main_process() -> bool:
-    return int(os.environ.get('RANK', os.environ.get('SLURM_PROCID', 0))) == 0
-
-
-def fail(message: str):
-    """Stop with a one-line message (printed once per job, not once per process) and exit status 2."""
-    if is_main_process():
-        print(f'error: {message}', file=sys.stderr)
-    raise SystemExit(2)
 
 
 def add_common_args(parser):
@@ -41,7 +31,7 @@ def add_common_args(parser):
 def load_config(args) -> Config:
     """The config with the command line's overrides, its work_dir and launcher set."""
     if not osp.isfile(args.config):
-        fail(f'config file {args.config!r} does not exist (see configs/detection and configs/segmentation)')
+        fail(f'config file {args.config!r} does not exist')
     cfg = Config.fromfile(args.config)
     if args.cfg_options:
         cfg.merge_from_dict(args.cfg_options)
@@ -90,8 +80,8 @@ def setup_distributed(cfg):
     if cfg.launcher == 'slurm':
         _slurm_environment()
     elif 'RANK' not in os.environ:
-        fail('--launcher pytorch needs the environment torchrun sets (RANK, WORLD_SIZE, ...): '
-             'start it with tools/dist_train.sh or tools/dist_test.sh')
+        fail('--launcher pytorch needs the environment torchrun sets (RANK, WORLD_SIZE, ...): start the '
+             'processes with torchrun')
     init_gloo()
     cfg.model_wrapper_cfg = dict(type='MMDistributedDataParallel', device_ids=None)
     from mala_mm.runtime import sync_bn_to_bn
@@ -115,8 +105,6 @@ def init_gloo():
                           is_master=not agent_store and rank == 0)
     dist.init_process_group(backend='gloo', store=dist.PrefixStore(f'mala_mm/attempt_{attempt}', store),
                             rank=rank, world_size=world_size)
-
-
 
 
 def drain_distributed():

@@ -1,0 +1,10 @@
+"""What the command-line tools share: one way to stop on an error, config loading and checks, the distributed
+set-up that also works without CUDA, and the commands a pip-installed package runs as modules
+(``python -m mala_mm.cli.make_builtin_dataset``, ``python -m mala_mm.cli.check_dataset``)."""
+from .config_check import config_problems
+from .errors import fail, is_main_process
+from .runner import (SCOPES, add_common_args, check_checkpoint, check_data, load_config, run_runner,
+                     setup_distributed)
+
+__all__ = ['SCOPES', 'add_common_args', 'check_checkpoint', 'check_data', 'config_problems', 'fail',
+           'is_main_process', 'load_config', 'run_runner', 'setup_distributed']

@@ -1,0 +1,21 @@
+"""The one way a command-line tool stops on an error: ``error: <message>`` on stderr and exit status 2.
+
+A check tool whose answer is "no" (a checkpoint that fits no variant, images that do not decode, model-zoo
+tables that are out of date) stops the same way, with the reason.
+"""
+import os
+import sys
+from typing import NoReturn
+
+ERROR_STATUS = 2
+
+
+def is_main_process() -> bool:
+    return int(os.environ.get('RANK', os.environ.get('SLURM_PROCID', 0))) == 0
+
+
+def fail(message: str) -> NoReturn:
+    """Print ``error: message`` (once per job, not once per process) and exit with status 2."""
+    if is_main_process():
+        print(f'error: {message}', file=sys.stderr)
+    raise SystemExit(ERROR_STATUS)
