@@ -17,6 +17,14 @@ OFFICIAL_LAYOUT_DIR = os.path.join(DATA_DIR, 'official_layout')
 SMALL_ARCH = dict(embed_dims=[16, 32, 48, 64], depths=[1, 1, 2, 1], num_heads=[1, 2, 3, 4])
 
 
+def feature_loss(features, seed: int = 1) -> torch.Tensor:
+    """A loss that depends on every feature value: the mean of each map weighted by fixed random numbers. (A
+    function of the maps' mean squares would not do: each output passes a norm, which fixes that mean square,
+    and its gradient into the network would be rounding noise alone.)"""
+    generator = torch.Generator().manual_seed(seed)
+    return sum((f.float() * torch.randn(f.shape, generator=generator)).mean() for f in features)
+
+
 def pytest_report_header(config):
     """The machine and stack the suite runs on. CPUs without bf16 units emulate bf16 matmuls, tens of times
     slower than fp32, and a source-built mmcv means that the first run spent its time compiling."""

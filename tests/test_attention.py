@@ -1,8 +1,8 @@
 """The attention formulas: linear-time MALA against its explicit N x N form, and its magnitude awareness."""
 import pytest
 import torch
-import torch.nn.functional as F
 
+from attention_oracle import explicit_mala_scores, phi
 from mala_mm.models.layers import (MALAttention, RoPE2d, SoftmaxAttention, apply_rope, linear_attention,
                                    mala_attention, softmax_attention)
 
@@ -10,25 +10,9 @@ B, HEADS, H, W, D = 2, 3, 5, 7, 8
 N = H * W
 
 
-def phi(x):
-    return F.elu(x) + 1
-
-
 def phi_inverse(p):
     """x with phi(x) = p, for p > 0."""
     return torch.where(p >= 1, p - 1, p.log())
-
-
-def explicit_mala_scores(q, k, rope=None):
-    """The N x N effective score matrix of MALA written out term by term (spec section 1)."""
-    scale = q.shape[-1] ** -0.5
-    fq, fk = phi(q), phi(k)
-    z = scale * fq @ fk.mean(-2, keepdim=True).transpose(-2, -1)          # (B, h, N, 1)
-    if rope is not None:
-        fq, fk = apply_rope(fq, rope), apply_rope(fk, rope)
-    s = scale * fq @ fk.transpose(-2, -1) / fq.shape[-2]                  # s_ij
-    beta, gamma = 1 + 1 / (z + 1e-6), z / fq.shape[-2]
-    return beta * s - gamma
 
 
 def scores_of(attention, q, k, rope=None):

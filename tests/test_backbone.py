@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from conftest import DATA_DIR
+from conftest import DATA_DIR, feature_loss
 from mala_mm import MALA
 from mala_mm.checkpoint import load_backbone_weights
 from mala_mm.models import MALAConfigError
@@ -41,7 +41,9 @@ def test_builds_through_registries(scope, arch):
     registry = __import__(f'{scope}.registry', fromlist=['MODELS']).MODELS
     model = registry.build(dict(type='MALA', arch=arch, out_indices=(1, 2, 3)))
     assert isinstance(model, MALA)
-    assert sum(p.numel() for p in model.parameters()) < VARIANT_PARAMS[arch]  # one extra norm fewer
+    # without stage 1's output norm: its weight and bias, one value per channel each
+    first_width = MALA.arch_zoo[arch]['embed_dims'][0]
+    assert sum(p.numel() for p in model.parameters()) == VARIANT_PARAMS[arch] - 2 * first_width
 
 
 def test_config_with_custom_imports_builds_in_both_libraries(tmp_path):
@@ -96,16 +98,16 @@ def test_all_mala_is_one_argument_away(small_arch):
 
 @pytest.mark.parametrize('arch', ['large', None])
 def test_gradients_flow_and_are_finite(small_arch, arch):
-    # `large` starts every layer scale at 1e-6: gradients must still reach every parameter
+    # `large` starts every layer scale at 1e-6: gradients must still reach every parameter. Drop path skips a
+    # block for one image at a time; with 4 images a block is skipped for all of them with chance 1e-4 at most.
     model = MALA(arch=arch or small_arch, drop_path_rate=0.1)
     model.init_weights()
     model.train()
-    outputs = model(torch.randn(2, 3, 64, 64))
-    sum(out.square().mean() for out in outputs).backward()
+    outputs = model(torch.randn(4, 3, 64, 64))
+    feature_loss(outputs).backward()
     for name, param in model.named_parameters():
         assert param.grad is not None, name
-        assert torch.isfinite(param.grad).all(), name
-    assert any(param.grad.abs().sum() > 0 for param in model.parameters())
+        assert torch.isfinite(param.grad).all() and (param.grad != 0).any(), name
 
 
 def test_activation_checkpointing_changes_nothing(small_arch):

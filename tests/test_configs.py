@@ -19,7 +19,7 @@ LEAF_CONFIGS = sorted(
     for path in (CONFIG_ROOT / task).rglob('*.py')
     if '_base_' not in path.parts and 'builtin' not in path.name)
 
-# variant letter -> (arch, drop path rate) of the release (spec section 3)
+# variant letter -> (arch, drop path rate) of the released detection and segmentation recipes
 VARIANTS = {'t': ('tiny', 0.1), 's': ('small', 0.15), 'b': ('base', 0.4), 'l': ('large', 0.55)}
 # building and running base / large models takes well over 10 s each on a small CPU
 SLOW_VARIANTS = ('b', 'l')
@@ -98,7 +98,7 @@ def test_config_builds_and_runs_in_tensor_mode(config, record_property):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# recipes (spec section 5)
+# the release's training recipes
 
 DETECTION_CONFIGS = [c for c in LEAF_CONFIGS if c.startswith('detection/')]
 SEGMENTATION_CONFIGS = [c for c in LEAF_CONFIGS if c.startswith('segmentation/')]

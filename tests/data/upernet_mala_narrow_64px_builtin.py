@@ -1,8 +1,8 @@
 # The built-in UperNet with a narrow MALA at 64 x 64 pixels, for long runs under bf16 autocast. The backbone keeps
 # every structural feature of the released archs (four stages, both attention kinds, RoPE, LePE, layer scale).
-# Where bf16 is emulated (CPUs without bf16 units) a bf16 convolution costs about 25 times its fp32 time and
-# grows with channels and pixels: this model trains 300 bf16 iterations in about 5 minutes there, about 20 s on
-# a CPU with bf16 units. The heads keep their width: at 32 channels they learn too slowly for a 300-step check.
+# Where bf16 is emulated (CPUs without bf16 units) a bf16 convolution costs many times its fp32 time, growing with
+# channels and pixels, hence the narrow widths and small images. The heads keep their width: at 32 channels they
+# learn too slowly for a 300-step check.
 _base_ = ['../../configs/segmentation/upernet_mala_t_builtin.py']
 
 widths = [32, 64, 96, 128]
