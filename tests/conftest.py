@@ -19,8 +19,8 @@ SMALL_ARCH = dict(embed_dims=[16, 32, 48, 64], depths=[1, 1, 2, 1], num_heads=[1
 
 def feature_loss(features, seed: int = 1) -> torch.Tensor:
     """A loss that depends on every feature value: the mean of each map weighted by fixed random numbers. (A
-    function of the maps' mean squares would not do: each output passes a norm, which fixes that mean square,
-    and its gradient into the network would be rounding noise alone.)"""
+    function of the maps' mean squares would not do: each output passes a LayerNorm, which at its initialisation
+    fixes that mean square, and the gradient into the network would be rounding noise alone.)"""
     generator = torch.Generator().manual_seed(seed)
     return sum((f.float() * torch.randn(f.shape, generator=generator)).mean() for f in features)
 
