@@ -1,5 +1,6 @@
-"""Hooks that the resume and cluster tests load into child runs: SIGKILLs at chosen points, and a dump of each
-process's buffers."""
+"""Hooks that the resume and cluster tests load into child runs: SIGKILLs at chosen points, a dump of each
+process's buffers, and the threads a process still has when the interpreter begins to exit."""
+import atexit
 import os
 import signal
 
@@ -119,3 +120,22 @@ class KillWhileSavingBestHook(Hook):
             return put(backend, data, filepath)
 
         LocalBackend.put = write_half_and_die_on_best
+
+
+@HOOKS.register_module()
+class ThreadsAtExitHook(Hook):
+    """Writes the names of the process's native threads (gloo's workers are 'pt_gloo_runloop') to
+    ``folder/threads_rank{RANK}.txt`` when the interpreter begins to exit, after the tool has returned."""
+
+    def __init__(self, folder: str):
+        path = os.path.join(folder, f'threads_rank{os.environ.get("RANK", 0)}.txt')
+        atexit.register(self._write_thread_names, path)
+
+    @staticmethod
+    def _write_thread_names(path: str):
+        names = []
+        for tid in os.listdir('/proc/self/task'):
+            with open(f'/proc/self/task/{tid}/comm') as f:
+                names.append(f.read().strip())
+        with open(path, 'w') as f:
+            f.write('\n'.join(sorted(names)))

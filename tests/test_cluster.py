@@ -139,8 +139,9 @@ STRESS_RUNS = 20
 
 def test_two_process_segmentation_test_exits_cleanly_every_time(builtin_workspace, tmp_path):
     """tools/dist_test.sh with 2 processes on the built-in segmentor, 20 times, while a third process keeps
-    a core busy: the load under which gloo's worker threads used to reach the GIL only after the interpreter
-    had begun to exit, and the process aborted ('terminate called without an active exception')."""
+    a core busy: the load under which a gloo worker thread still alive at the interpreter's exit asked for the
+    GIL too late and the process aborted ('terminate called without an active exception'). Every process must
+    also have joined its gloo worker threads before the interpreter begins to exit."""
     import importlib
     from mmengine.config import Config
     from mmengine.registry import init_default_scope
@@ -151,18 +152,28 @@ def test_two_process_segmentation_test_exits_cleanly_every_time(builtin_workspac
     model.init_weights()
     checkpoint = tmp_path / 'init.pth'
     torch.save({'state_dict': model.state_dict()}, checkpoint)
+    watched = tmp_path / 'watched.py'
+    watched.write_text(
+        f'_base_ = [{config!r}]\n'
+        "custom_imports = dict(imports=['mala_mm', 'fault_injection'], allow_failed_imports=False)\n"
+        f"custom_hooks = [dict(type='ThreadsAtExitHook', folder='{tmp_path}')]\n")
     # one busy thread: three runnable threads on the two cores, so gloo's workers wait to be scheduled
     load = subprocess.Popen([sys.executable, '-c', 'import torch\ntorch.set_num_threads(1)\n'
                              'a = torch.randn(1500, 1500)\nwhile True: a @ a'])
     try:
         failures = []
         for attempt in range(STRESS_RUNS):
-            result = subprocess.run(['bash', osp.join(ROOT, 'tools/dist_test.sh'), config, str(checkpoint), '2',
-                                     '--work-dir', str(tmp_path / 'work')], cwd=builtin_workspace,
+            result = subprocess.run(['bash', osp.join(ROOT, 'tools/dist_test.sh'), str(watched), str(checkpoint),
+                                     '2', '--work-dir', str(tmp_path / 'work')], cwd=builtin_workspace,
                                     env=tool_env(PORT=free_port()), capture_output=True, text=True, timeout=600)
             output = result.stdout + result.stderr
-            if result.returncode != 0 or 'terminate called' in output or 'mIoU:' not in output:
-                failures.append((attempt, result.returncode, output[-1500:]))
+            threads = [(tmp_path / f'threads_rank{rank}.txt').read_text().split() for rank in (0, 1)
+                       if (tmp_path / f'threads_rank{rank}.txt').exists()]
+            if (result.returncode != 0 or 'terminate called' in output or 'mIoU:' not in output
+                    or len(threads) != 2 or any('pt_gloo_runloop' in names for names in threads)):
+                failures.append((attempt, result.returncode, threads, output[-1500:]))
+            for rank in (0, 1):
+                (tmp_path / f'threads_rank{rank}.txt').unlink(missing_ok=True)
     finally:
         load.kill()
     assert not failures, f'{len(failures)} of {STRESS_RUNS} runs failed; the first: {failures[0]}'

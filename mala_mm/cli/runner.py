@@ -1,5 +1,6 @@
 """What the training and test commands share: config loading, checks with clear messages, and the distributed
 set-up that also works without CUDA."""
+import gc
 import importlib
 import os
 import os.path as osp
@@ -107,27 +108,29 @@ def init_gloo():
                             rank=rank, world_size=world_size)
 
 
-def drain_distributed():
-    """Wait, on every process, until gloo's worker threads have let go of the last collective's tensors.
+def close_distributed(finished: bool):
+    """Destroy the process group, and after a finished run also its gloo worker threads, while the interpreter
+    is fully alive.
 
-    Each collective's work object holds its tensors, and a gloo worker thread destroys it shortly after the
-    collective has completed. Tensors that Python created (mmengine's broadcast of the metrics, say) need the
-    GIL to be freed. If the interpreter is already shutting down when the worker gets there, CPython ends that
-    thread inside the work's noexcept destructor, and the process aborts with 'terminate called without an
-    active exception' after all work is done. A core dump shows exactly this: the main thread in
-    Py_FinalizeEx, a ProcessGroupGloo::runLoop thread in ~AsyncBroadcastWork -> decref -> take_gil ->
-    pthread_exit -> std::terminate. A barrier keeps the main thread waiting, without the GIL, until every
-    process is here, which gives the workers the GIL to finish. Called only when the run succeeded: after a
-    failure the other processes may never reach the barrier.
+    A gloo worker thread destroys each collective's work object after the collective has completed, and freeing
+    the tensors that Python created (mmengine's broadcast of the metrics, say) takes the GIL. The runner's
+    reference cycles keep its DDP wrapper, and with it the process group and its worker threads, alive past
+    ``destroy_process_group`` until the interpreter's own clean-up at exit. If a worker asks for the GIL then,
+    CPython ends the thread inside the work's noexcept destructor and the process aborts ('terminate called
+    without an active exception') after all its work is done: a core dump shows the main thread in
+    Py_FinalizeEx and a ProcessGroupGloo::runLoop thread in ~AsyncBroadcastWork -> take_gil -> pthread_exit ->
+    std::terminate. After a finished run, a barrier first makes sure that no process has a collective in
+    flight; collecting the cycles then destroys the group here, and its destructor joins the worker threads with
+    the GIL released, so that they finish normally. After a failure the other processes may never reach the
+    barrier, and the group is only closed.
     """
-    if dist.is_available() and dist.is_initialized():
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if finished:
         dist.barrier()
-
-
-def teardown_distributed():
-    """Close the process group before the interpreter exits."""
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    dist.destroy_process_group()
+    if finished:
+        gc.collect()
 
 
 def build_runner(cfg):
@@ -147,11 +150,12 @@ def run_runner(cfg, action: str):
     from mala_mm.checkpoint import CheckpointError
     from mala_mm.datasets import TooManyUndecodableImages
     from mala_mm.models import MALAConfigError
+    finished = False
     try:
-        getattr(build_runner(cfg), action)()
-        drain_distributed()
+        getattr(build_runner(cfg), action)()  # the runner is not kept: close_distributed collects it
+        finished = True
     except (CheckpointError, MALAConfigError, TooManyUndecodableImages) as err:
         # the registry prefixes "class `X` in its/file.py: " at every level of a nested build
         fail(re.sub(r'class `\w+` in \S+: ', '', str(err)))
     finally:
-        teardown_distributed()
+        close_distributed(finished)
