@@ -1,4 +1,5 @@
 """Config adjustments the tools make for the machine they run on."""
+from typing import Optional
 
 SYNC_BN_TYPES = ('SyncBN', 'MMSyncBN', 'TorchSyncBN')  # mmcv's names for SyncBatchNorm
 
@@ -15,3 +16,23 @@ def sync_bn_to_bn(node) -> int:
     if isinstance(node, (list, tuple)):
         return sum(sync_bn_to_bn(value) for value in node)
     return 0
+
+
+def fit_optim_wrapper_to_device(optim_wrapper: dict, amp: bool, cuda: bool) -> Optional[str]:
+    """Set ``optim_wrapper`` (in place) to the mixed precision the device runs: with ``amp``, fp16 with a dynamic
+    loss scale on CUDA and bfloat16 on CPU (which needs no loss scale). Without CUDA a config's own fp16
+    ``AmpOptimWrapper`` becomes fp32 training: fp16 autocast needs CUDA, and mmcv's CPU ops (nms) do not take
+    bfloat16 either. Returns a line saying so in that case, else None."""
+    if amp and cuda:
+        optim_wrapper.update(type='AmpOptimWrapper', loss_scale='dynamic')
+        return None
+    if cuda or not (amp or optim_wrapper.get('type') == 'AmpOptimWrapper'):
+        return None
+    for cuda_only in ('loss_scale', 'dtype'):
+        optim_wrapper.pop(cuda_only, None)
+    if amp:
+        optim_wrapper['type'] = 'CPUAmpOptimWrapper'
+        return None
+    optim_wrapper['type'] = 'OptimWrapper'
+    return ('AmpOptimWrapper -> OptimWrapper: fp16 mixed precision needs CUDA, so this run trains in fp32 '
+            '(--amp trains in bfloat16 on CPU)')

@@ -10,7 +10,7 @@ import torch
 from mmengine.config import Config
 
 from conftest import ROOT, free_port, run_tool
-from mala_mm.runtime import sync_bn_to_bn
+from mala_mm.runtime import fit_optim_wrapper_to_device, sync_bn_to_bn
 from hostile_pickles import WritesAFile
 
 DET_CONFIG = osp.join(ROOT, 'configs/detection/mask_rcnn_mala_t_builtin.py')
@@ -178,3 +178,24 @@ def test_every_syncbn_of_a_paper_config_becomes_bn_for_cpu_processes(config):
     assert 'SyncBN' in str(cfg.model)
     converted = sync_bn_to_bn(cfg.model)
     assert converted >= 1 and 'SyncBN' not in str(cfg.model) and "'BN'" in str(cfg.model)
+
+
+def test_optim_wrapper_follows_the_device():
+    paper = Config.fromfile(f'{ROOT}/configs/detection/mask_rcnn_mala_s.py').optim_wrapper
+    assert (paper.type, paper.loss_scale) == ('AmpOptimWrapper', 'dynamic')
+    on_cpu = paper.copy()
+    assert 'trains in fp32' in fit_optim_wrapper_to_device(on_cpu, amp=False, cuda=False)
+    assert on_cpu.type == 'OptimWrapper' and 'loss_scale' not in on_cpu and on_cpu.optimizer == paper.optimizer
+    bf16 = paper.copy()
+    assert fit_optim_wrapper_to_device(bf16, amp=True, cuda=False) is None
+    assert bf16.type == 'CPUAmpOptimWrapper' and 'loss_scale' not in bf16
+    fp32 = dict(type='OptimWrapper', optimizer=dict(type='AdamW', lr=1e-3))
+    for amp, cuda in ((False, False), (False, True)):
+        unchanged = dict(fp32)
+        assert fit_optim_wrapper_to_device(unchanged, amp, cuda) is None and unchanged == fp32
+    on_gpu = dict(fp32)
+    fit_optim_wrapper_to_device(on_gpu, amp=True, cuda=True)
+    assert (on_gpu['type'], on_gpu['loss_scale']) == ('AmpOptimWrapper', 'dynamic')
+    paper_on_gpu = paper.copy()
+    fit_optim_wrapper_to_device(paper_on_gpu, amp=False, cuda=True)
+    assert paper_on_gpu == paper

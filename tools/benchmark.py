@@ -13,7 +13,7 @@ from mmengine.config import Config
 from mmengine.registry import init_default_scope
 from mmengine.runner import load_checkpoint
 
-from mala_mm.cli import SCOPES, fail
+from mala_mm.cli import SCOPES, fail, require_file
 
 DATA_SAMPLES = {'mmdet': 'DetDataSample', 'mmseg': 'SegDataSample'}
 
@@ -41,8 +41,7 @@ def random_batch(scope, batch_size, height, width):
 
 def main():
     args = parse_args()
-    if not osp.isfile(args.config):
-        fail(f'config file {args.config!r} does not exist')
+    require_file(args.config, 'config file')
     cfg = Config.fromfile(args.config)
     scope = cfg.get('default_scope')
     if scope not in SCOPES:

@@ -1,4 +1,5 @@
-"""Decode every image of a config's dataset splits and list those that cannot be decoded: ``python -m mala_mm.cli.check_dataset --help``."""
+"""Decode every image of a config's dataset splits and list those that cannot be decoded
+(``python -m mala_mm.cli.check_dataset --help``)."""
 from mala_mm.cli.check_dataset import main
 
 if __name__ == '__main__':

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from mmengine.config import Config
 from mmengine.structures import PixelData
 
-from mala_mm.cli import SCOPES, fail
+from mala_mm.cli import SCOPES, fail, require_file
 
 
 def parse_args():
@@ -95,8 +95,7 @@ def draw(scope, model, sample, image, args):
 def main():
     args = parse_args()
     for path, what in ((args.image, 'image'), (args.config, 'config file'), (args.checkpoint, 'checkpoint')):
-        if not osp.isfile(path):
-            fail(f'{what} {path!r} does not exist')
+        require_file(path, what)
     if args.scale < 1:
         fail(f'--scale must be a positive whole number, got {args.scale}')
     cfg = Config.fromfile(args.config)

@@ -10,12 +10,11 @@ difference of every output from PyTorch and fails (exit 2) if any exceeds --tole
 """
 import argparse
 import importlib.util
-import os.path as osp
 
 import torch
 from mmengine.config import Config, DictAction
 
-from mala_mm.cli import fail
+from mala_mm.cli import fail, require_file
 
 
 def parse_args():
@@ -38,10 +37,9 @@ def parse_args():
 
 
 def build_model(args):
-    if not osp.isfile(args.config):
-        fail(f'config file {args.config!r} does not exist')
-    if args.checkpoint is not None and not osp.isfile(args.checkpoint):
-        fail(f'checkpoint {args.checkpoint!r} does not exist')
+    require_file(args.config, 'config file')
+    if args.checkpoint is not None:
+        require_file(args.checkpoint, 'checkpoint')
     cfg = Config.fromfile(args.config)
     if args.cfg_options:
         cfg.merge_from_dict(args.cfg_options)

@@ -54,8 +54,7 @@ def build_model(cfg: Config) -> Tuple[str, nn.Module]:
     """Build ``cfg.model`` in eval mode through the registry of the config's default_scope."""
     scope = cfg.get('default_scope')
     if scope not in DEFAULT_SHAPES:
-        fail(f'default_scope must be one of {sorted(DEFAULT_SHAPES)} '
-                         f'(an mmdet or mmseg config), got {scope!r}')
+        fail(f'default_scope must be one of {sorted(DEFAULT_SHAPES)} (an mmdet or mmseg config), got {scope!r}')
     init_default_scope(scope)
     models = importlib.import_module(f'{scope}.registry').MODELS
     return scope, models.build(cfg.model).eval()

@@ -1,4 +1,5 @@
-"""Generate the built-in shapes dataset used by the *_builtin configs: ``python -m mala_mm.cli.make_builtin_dataset --help``."""
+"""Generate the built-in shapes dataset used by the *_builtin configs
+(``python -m mala_mm.cli.make_builtin_dataset --help``)."""
 from mala_mm.cli.make_builtin_dataset import main
 
 if __name__ == '__main__':

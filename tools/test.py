@@ -5,8 +5,7 @@
 """
 import argparse
 
-from mala_mm.cli import (add_common_args, check_checkpoint, check_data, fail, load_config,
-                          run_runner, setup_distributed)
+from mala_mm.cli import add_common_args, check_data, fail, load_config, require_file, run_runner, setup_distributed
 
 
 def parse_args():
@@ -49,7 +48,7 @@ def dump_predictions(cfg, args):
 def main():
     args = parse_args()
     cfg = load_config(args)
-    check_checkpoint(args.checkpoint)
+    require_file(args.checkpoint, 'checkpoint')
     cfg.load_from = args.checkpoint
     if args.show or args.show_dir:
         enable_visualization(cfg, args)

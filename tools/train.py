@@ -8,8 +8,9 @@ import sys
 
 import torch
 
-from mala_mm.cli import (add_common_args, check_checkpoint, check_data, fail, is_main_process, load_config,
-                          run_runner, setup_distributed)
+from mala_mm.cli import (add_common_args, check_data, fail, is_main_process, load_config, require_file, run_runner,
+                         setup_distributed)
+from mala_mm.runtime import fit_optim_wrapper_to_device
 
 
 def parse_args():
@@ -28,19 +29,9 @@ def parse_args():
 def main():
     args = parse_args()
     cfg = load_config(args)
-    cpu_only = not torch.cuda.is_available()
-    if args.amp and not cpu_only:
-        cfg.optim_wrapper.update(type='AmpOptimWrapper', loss_scale='dynamic')
-    elif cpu_only and (args.amp or cfg.optim_wrapper.get('type') == 'AmpOptimWrapper'):
-        if args.amp:
-            cfg.optim_wrapper.type = 'CPUAmpOptimWrapper'
-        else:  # a paper config's fp16 AMP, which needs CUDA; mmcv's CPU ops (nms) do not take bfloat16 either
-            cfg.optim_wrapper.type = 'OptimWrapper'
-            if is_main_process():
-                print('AmpOptimWrapper -> OptimWrapper: fp16 mixed precision needs CUDA, so this run trains in '
-                      'fp32 (--amp trains in bfloat16 on CPU)', file=sys.stderr)
-        for cuda_only in ('loss_scale', 'dtype'):
-            cfg.optim_wrapper.pop(cuda_only, None)
+    change = fit_optim_wrapper_to_device(cfg.optim_wrapper, args.amp, torch.cuda.is_available())
+    if change and is_main_process():
+        print(change, file=sys.stderr)
     if args.auto_scale_lr:
         if 'base_batch_size' not in cfg.get('auto_scale_lr', {}):
             fail(f'--auto-scale-lr: {args.config} has no auto_scale_lr.base_batch_size to scale from')
@@ -48,7 +39,7 @@ def main():
     if args.resume == 'auto':
         cfg.resume, cfg.load_from = True, None
     elif args.resume is not None:
-        check_checkpoint(args.resume, '--resume checkpoint')
+        require_file(args.resume, '--resume checkpoint')
         cfg.resume, cfg.load_from = True, args.resume
     check_data(cfg, ('train_dataloader', 'val_dataloader'))
     from mala_mm.datasets import skip_undecodable_images

@@ -6,7 +6,6 @@
 Exit status 0 when every image decodes, 2 with the list of those that do not (and what to do about them).
 """
 import argparse
-import os.path as osp
 import time
 
 from mmengine.config import Config, DictAction
@@ -14,7 +13,7 @@ from mmengine.config import Config, DictAction
 from mala_mm.datasets import (DatasetNotFoundError, EmptyDataFileError, check_data_paths, split_image_paths,
                               undecodable_images)
 
-from .errors import fail
+from .errors import fail, require_file
 
 
 def main():
@@ -24,8 +23,7 @@ def main():
     parser.add_argument('--workers', type=int, default=0, help='decoding processes (default: all cores)')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction, help='override config entries')
     args = parser.parse_args()
-    if not osp.isfile(args.config):
-        fail(f'config file {args.config!r} does not exist')
+    require_file(args.config, 'config file')
     cfg = Config.fromfile(args.config)
     if args.cfg_options:
         cfg.merge_from_dict(args.cfg_options)

@@ -19,3 +19,9 @@ def fail(message: str) -> NoReturn:
     if is_main_process():
         print(f'error: {message}', file=sys.stderr)
     raise SystemExit(ERROR_STATUS)
+
+
+def require_file(path: str, what: str) -> None:
+    """Stop with ``error: <what> '<path>' does not exist`` unless ``path`` is a file."""
+    if not os.path.isfile(path):
+        fail(f'{what} {path!r} does not exist')

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from mmengine.config import Config, DictAction
 
 from .config_check import config_problems
-from .errors import fail, is_main_process
+from .errors import fail, is_main_process, require_file
 
 SCOPES = ('mmdet', 'mmseg')  # the config's default_scope picks the library
 
@@ -31,8 +31,7 @@ def add_common_args(parser):
 
 def load_config(args) -> Config:
     """The config with the command line's overrides, its work_dir and launcher set."""
-    if not osp.isfile(args.config):
-        fail(f'config file {args.config!r} does not exist')
+    require_file(args.config, 'config file')
     cfg = Config.fromfile(args.config)
     if args.cfg_options:
         cfg.merge_from_dict(args.cfg_options)
@@ -56,11 +55,6 @@ def check_data(cfg, dataloaders):
         check_data_paths(cfg, dataloaders)
     except (DatasetNotFoundError, EmptyDataFileError) as err:
         fail(str(err))
-
-
-def check_checkpoint(path: str, what: str = 'checkpoint'):
-    if not osp.isfile(path):
-        fail(f'{what} {path!r} does not exist')
 
 
 def _slurm_environment():

@@ -198,8 +198,7 @@ def check_position(backbone: MALA, stage: int, block: int, head: int) -> None:
     if not 0 <= block < len(blocks):
         fail(f'stage {stage} has {len(blocks)} blocks; --block {block} is not one')
     if not 0 <= head < blocks[block].attn.num_heads:
-        fail(f'stage {stage} has {blocks[block].attn.num_heads} heads; '
-                         f'--head {head} is not one')
+        fail(f'stage {stage} has {blocks[block].attn.num_heads} heads; --head {head} is not one')
 
 
 def parse_args():
@@ -229,8 +228,8 @@ def main():
     attention = capture_block(backbone, to_batch(image), args.stage, args.block)
     num_tokens = attention.height * attention.width
     if num_tokens > MAX_TOKENS:
-        fail(f'stage {args.stage} has {num_tokens} tokens on this image; use a '
-                         f'smaller --max-size or a later stage (at most {MAX_TOKENS} tokens)')
+        fail(f'stage {args.stage} has {num_tokens} tokens on this image; use a smaller --max-size or a later stage '
+             f'(at most {MAX_TOKENS} tokens)')
     row, col = args.query or (image.shape[0] // 2, image.shape[1] // 2)
     token = query_token(row, col, image.shape, attention)
 
