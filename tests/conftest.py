@@ -72,6 +72,16 @@ def free_port() -> str:
         return str(s.getsockname()[1])
 
 
+def config_with_hooks(path, base: str, hooks, *lines: str) -> str:
+    """Write, at ``path``, the config ``base`` with ``hooks`` (config source of hook dicts) as its custom hooks,
+    the hooks of tests/fault_injection.py registered, and any further config ``lines``; returns the path."""
+    path.write_text(
+        f'_base_ = [{str(base)!r}]\n'
+        "custom_imports = dict(imports=['mala_mm', 'fault_injection'], allow_failed_imports=False)\n"
+        f"custom_hooks = [{', '.join(hooks)}]\n" + ''.join(f'{line}\n' for line in lines))
+    return str(path)
+
+
 def import_tool(path: str):
     """The module of ``tools/<path>``, to test its functions (tools are scripts, not a package)."""
     spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0],

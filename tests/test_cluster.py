@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from conftest import DATA_DIR, ROOT, free_port, run_tool
+from conftest import DATA_DIR, ROOT, config_with_hooks, free_port, run_tool
 from mala_mm.checkpoint import safe_load
 
 CONFIG = osp.join(DATA_DIR, 'upernet_mala_narrow_64px_builtin.py')
@@ -70,13 +70,9 @@ def assert_same_weights(path_a, path_b):
 
 def with_buffer_dumps(folder, sync_norm_stats=True):
     """CONFIG whose processes save their buffers after training (SaveBuffersHook)."""
-    path = folder / ('dumped.py' if sync_norm_stats else 'dumped_unsynced.py')
-    hooks = "dict(type='IterationSeedHook'), " + ("dict(type='SyncNormStatsHook'), " if sync_norm_stats else '')
-    path.write_text(
-        f'_base_ = [{CONFIG!r}]\n'
-        "custom_imports = dict(imports=['mala_mm', 'fault_injection'], allow_failed_imports=False)\n"
-        f"custom_hooks = [{hooks}dict(type='SaveBuffersHook', folder='{folder}')]\n")
-    return str(path)
+    hooks = ["dict(type='IterationSeedHook')", *(["dict(type='SyncNormStatsHook')"] if sync_norm_stats else []),
+             f"dict(type='SaveBuffersHook', folder='{folder}')"]
+    return config_with_hooks(folder / ('dumped.py' if sync_norm_stats else 'dumped_unsynced.py'), CONFIG, hooks)
 
 
 def norm_statistics(folder, rank):
@@ -112,14 +108,11 @@ def test_a_killed_rank_is_restarted_and_resumes_to_the_uninterrupted_weights(bui
     run_ok(['dist_train.sh', CONFIG, '2', '--work-dir', str(uninterrupted), *schedule()], builtin_workspace)
     # rank 1 is killed after iteration 6 (the checkpoint of iteration 4 is the latest), then, after the restart,
     # rank 0 is killed half-way through writing the checkpoint of iteration 8
-    faulty = tmp_path / 'faulty.py'
-    faulty.write_text(
-        f'_base_ = [{CONFIG!r}]\n'
-        "custom_imports = dict(imports=['mala_mm', 'fault_injection'], allow_failed_imports=False)\n"
-        "custom_hooks = [dict(type='IterationSeedHook'), dict(type='SyncNormStatsHook'),\n"
-        f"    dict(type='KillRankOnceHook', iteration=6, rank=1, marker='{tmp_path}/killed_at_6'),\n"
-        f"    dict(type='KillWhileSavingOnceHook', iteration=8, rank=0, marker='{tmp_path}/killed_saving_8')]\n")
-    output = run_ok(['dist_train.sh', str(faulty), '2', '--max-restarts', '3', '--work-dir', str(interrupted),
+    faulty = config_with_hooks(tmp_path / 'faulty.py', CONFIG, [
+        "dict(type='IterationSeedHook')", "dict(type='SyncNormStatsHook')",
+        f"dict(type='KillRankOnceHook', iteration=6, rank=1, marker='{tmp_path}/killed_at_6')",
+        f"dict(type='KillWhileSavingOnceHook', iteration=8, rank=0, marker='{tmp_path}/killed_saving_8')"])
+    output = run_ok(['dist_train.sh', faulty, '2', '--max-restarts', '3', '--work-dir', str(interrupted),
                      *schedule()], builtin_workspace)
     assert (tmp_path / 'killed_at_6').exists() and (tmp_path / 'killed_saving_8').exists()
     # the group started three times: the two restarts each resumed from iteration 4 (rank 0 logs it)
@@ -152,18 +145,15 @@ def test_two_process_segmentation_test_exits_cleanly_every_time(builtin_workspac
     model.init_weights()
     checkpoint = tmp_path / 'init.pth'
     torch.save({'state_dict': model.state_dict()}, checkpoint)
-    watched = tmp_path / 'watched.py'
-    watched.write_text(
-        f'_base_ = [{config!r}]\n'
-        "custom_imports = dict(imports=['mala_mm', 'fault_injection'], allow_failed_imports=False)\n"
-        f"custom_hooks = [dict(type='ThreadsAtExitHook', folder='{tmp_path}')]\n")
+    watched = config_with_hooks(tmp_path / 'watched.py', config,
+                                [f"dict(type='ThreadsAtExitHook', folder='{tmp_path}')"])
     # one busy thread: three runnable threads on the two cores, so gloo's workers wait to be scheduled
     load = subprocess.Popen([sys.executable, '-c', 'import torch\ntorch.set_num_threads(1)\n'
                              'a = torch.randn(1500, 1500)\nwhile True: a @ a'])
     try:
         failures = []
         for attempt in range(STRESS_RUNS):
-            result = subprocess.run(['bash', osp.join(ROOT, 'tools/dist_test.sh'), str(watched), str(checkpoint),
+            result = subprocess.run(['bash', osp.join(ROOT, 'tools/dist_test.sh'), watched, str(checkpoint),
                                      '2', '--work-dir', str(tmp_path / 'work')], cwd=builtin_workspace,
                                     env=tool_env(PORT=free_port()), capture_output=True, text=True, timeout=600)
             output = result.stdout + result.stderr

@@ -6,7 +6,7 @@ import signal
 import pytest
 import torch
 
-from conftest import ROOT, run_tool
+from conftest import ROOT, config_with_hooks, run_tool
 from mala_mm.checkpoint import CheckpointError, safe_load
 
 SEG_CONFIG = osp.join(ROOT, 'configs/segmentation/upernet_mala_t_builtin.py')
@@ -18,13 +18,9 @@ pytestmark = pytest.mark.slow
 
 def config_with(cwd, name, hooks, checkpoint_hook='AtomicCheckpointHook'):
     """The built-in segmentation config, keeping one checkpoint, with the fault-injection ``hooks`` added."""
-    path = cwd / f'{name}.py'
-    path.write_text(
-        f'_base_ = [{SEG_CONFIG!r}]\n'
-        "custom_imports = dict(imports=['mala_mm', 'fault_injection'], allow_failed_imports=False)\n"
-        f"custom_hooks = [dict(type='IterationSeedHook'), {', '.join(hooks)}]\n"
-        f"default_hooks = dict(checkpoint=dict(type={checkpoint_hook!r}, interval={INTERVAL}, max_keep_ckpts=1))\n")
-    return str(path)
+    return config_with_hooks(
+        cwd / f'{name}.py', SEG_CONFIG, ["dict(type='IterationSeedHook')", *hooks],
+        f"default_hooks = dict(checkpoint=dict(type={checkpoint_hook!r}, interval={INTERVAL}, max_keep_ckpts=1))")
 
 
 def train(cwd, config, work_dir, *options):
