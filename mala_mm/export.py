@@ -8,12 +8,15 @@ The exported graph takes an image batch as the config's pipeline loads it (B, 3,
 - a segmentor: the decode head's logits (B, classes, H, W), resized to the input's size as mmseg's
   ``predict`` does, before the arg-max.
 - a single-stage detector (RetinaNet, ...): its dense head's per-level class scores and box deltas, then the
-  backbone-and-neck features; boxes follow from ``model.bbox_head.predict_by_feat`` in PyTorch.
+  backbone-and-neck features; boxes follow from ``model.bbox_head.predict_by_feat`` in PyTorch. With ``nms``
+  the graph goes on to the detections themselves (:class:`DenseDetections`: box decoding, score threshold,
+  ONNX's ``NonMaxSuppression``), as ``predict_by_feat`` computes them.
 - a two-stage detector (Mask R-CNN, Cascade): the neck's features and the RPN head's per-level scores and box
   deltas. Proposal NMS and the RoI heads need mmcv's compiled ops (nms, RoIAlign), which ONNX has no standard
   operators for, so they run after the graph in PyTorch (``rpn_head.predict_by_feat`` then ``roi_head.predict``).
 """
 import copy
+import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -34,9 +37,13 @@ class ImageToTensors(nn.Module):
         backbone_only: stop after the backbone.
         exportable: run on a copy of ``model`` whose size-dependent modules are swapped for exportable
             equivalents (:func:`make_exportable`); False runs ``model`` itself, as the reference to compare with.
+        nms: a single-stage detector returns its detections (boxes, scores, labels of one image) instead of its
+            head's raw outputs; exportable computes them with :class:`DenseDetections`, the reference with the
+            head's own ``predict_by_feat``.
     """
 
-    def __init__(self, model: nn.Module, backbone_only: bool = False, exportable: bool = True):
+    def __init__(self, model: nn.Module, backbone_only: bool = False, exportable: bool = True,
+                 nms: bool = False):
         super().__init__()
         self.model = make_exportable(copy.deepcopy(model)) if exportable else model
         preprocessor = getattr(model, 'data_preprocessor', None)
@@ -48,6 +55,13 @@ class ImageToTensors(nn.Module):
         self.flip_channels = bool(getattr(preprocessor, '_channel_conversion',
                                           getattr(preprocessor, 'channel_conversion', False)))
         self.kind = 'backbone' if backbone_only or not hasattr(model, 'extract_feat') else _kind(model)
+        self.detections = None
+        if nms:
+            if self.kind != 'single-stage detector':
+                raise ExportError(f'--nms applies to single-stage detectors (RetinaNet, ...), not to a {self.kind}'
+                                  + ('; its NMS sits between the RPN and the RoI heads, which need RoIAlign'
+                                     if self.kind == 'two-stage detector' else ''))
+            self.detections = DenseDetections(self.model.bbox_head) if exportable else self._predict_by_feat
 
     def forward(self, image: Tensor) -> Tuple[Tensor, ...]:
         """image: (B, 3, H, W) float32, 0-255, channels in the loaded order."""
@@ -64,18 +78,139 @@ class ImageToTensors(nn.Module):
                                               align_corners=model.decode_head.align_corners), )
         features = model.extract_feat(x)
         head = model.bbox_head if self.kind == 'single-stage detector' else model.rpn_head
-        scores, deltas = head(features)[:2]
+        outputs = head(features)
+        scores, deltas = outputs[:2]
+        if self.detections is not None:
+            if len(outputs) != 2:
+                raise ExportError(f'--nms supports heads that return class scores and box deltas; '
+                                  f'{type(head).__name__} also returns {len(outputs) - 2} more (score factors)')
+            return self.detections(scores, deltas, x.shape[2], x.shape[3])
         return (*scores, *deltas, *features)
+
+    def _predict_by_feat(self, scores, deltas, height, width) -> Tuple[Tensor, Tensor, Tensor]:
+        meta = dict(img_shape=(height, width), ori_shape=(height, width), scale_factor=(1.0, 1.0))
+        found = self.model.bbox_head.predict_by_feat(scores, deltas, batch_img_metas=[meta], rescale=False)[0]
+        return found.bboxes, found.scores, found.labels
 
     def describe_outputs(self, outputs: Sequence[Tensor]) -> List[str]:
         """One name per output, in order, for the graph and for messages."""
         if self.kind == 'segmentor':
             return ['logits']
+        if self.detections is not None:
+            return ['boxes', 'scores', 'labels']
         if self.kind == 'backbone':
             return [f'stage{i}' for i in range(len(outputs))]
         levels = len(outputs) // 3  # scores, deltas and features of each level
         return ([f'cls_score_{i}' for i in range(levels)] + [f'bbox_pred_{i}' for i in range(levels)]
                 + [f'feature_{i}' for i in range(len(outputs) - 2 * levels)])
+
+
+class NonMaxSuppression(torch.autograd.Function):
+    """Indices of the boxes that NMS keeps, by descending score: mmcv's ``nms`` when run, ONNX's
+    ``NonMaxSuppression`` when exported (both suppress a box whose IoU with a kept one exceeds the threshold)."""
+
+    @staticmethod
+    def forward(ctx, boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
+        from mmcv.ops import nms
+        return nms(boxes, scores, iou_threshold)[1]
+
+    @staticmethod
+    def symbolic(g, boxes, scores, iou_threshold):
+        def constant(value, dtype=torch.int64):
+            return g.op('Constant', value_t=torch.tensor(value, dtype=dtype))
+
+        # ONNX's operator works on (batch, boxes, 4) and (batch, classes, boxes): one of each here
+        selected = g.op('NonMaxSuppression', g.op('Unsqueeze', boxes, constant([0])),
+                        g.op('Unsqueeze', scores, constant([0, 1])), constant([2 ** 31 - 1]),
+                        constant([iou_threshold], torch.float32))
+        return g.op('Gather', selected, constant(2), axis_i=1)  # rows are (batch, class, box)
+
+
+class DenseDetections(nn.Module):
+    """An anchor head's detections for one image, computed as its ``predict_by_feat`` does, in exportable ops.
+
+    Per level, the class scores above ``score_thr`` (at most ``nms_pre`` of them, the highest); their anchors'
+    deltas decoded to boxes clipped to the image; boxes no wider or taller than ``min_bbox_size`` dropped; NMS
+    per class, as mmcv's ``batched_nms`` does it (each class's boxes shifted by the class index times the largest
+    coordinate, so that classes never overlap); the best ``max_per_img``. The head's ``predict_by_feat`` takes
+    shortcuts that tracing would freeze (no box at all, ``min(nms_pre, count)``) and an NMS that ONNX has no
+    lowering of; these steps take none.
+
+    Args:
+        head: an mmdet anchor head with sigmoid class scores and ``DeltaXYWHBBoxCoder`` boxes (RetinaNet's).
+    """
+
+    def __init__(self, head: nn.Module):
+        super().__init__()
+        coder, cfg = head.bbox_coder, head.test_cfg
+        problems = []
+        if type(coder).__name__ != 'DeltaXYWHBBoxCoder':
+            problems.append(f'boxes coded by {type(coder).__name__}, not DeltaXYWHBBoxCoder')
+        if not getattr(head, 'use_sigmoid_cls', False):
+            problems.append('softmax class scores')
+        if not hasattr(head.prior_generator, 'base_anchors'):
+            problems.append(f'priors from {type(head.prior_generator).__name__}, not an anchor generator')
+        nms_cfg = cfg.get('nms') or {}
+        if nms_cfg.get('type', 'nms') != 'nms' or nms_cfg.get('class_agnostic') or nms_cfg.get('offset'):
+            problems.append(f'test_cfg.nms {dict(nms_cfg)}, not plain per-class nms')
+        if problems:
+            raise ExportError(f'--nms supports anchor heads like RetinaNet\'s; {type(head).__name__} has '
+                              + ', '.join(problems) + '; export without --nms and run predict_by_feat on the outputs')
+        self.prior_generator, self.num_classes = head.prior_generator, head.cls_out_channels
+        self.means, self.stds = coder.means, coder.stds
+        self.clip_border, self.ctr_clamp = coder.clip_border, coder.ctr_clamp if coder.add_ctr_clamp else None
+        self.max_ratio = abs(math.log(16 / 1000))  # the coder's default wh_ratio_clip, which the head uses
+        self.score_thr, self.nms_pre = cfg.get('score_thr', 0), cfg.get('nms_pre', -1)
+        self.min_bbox_size, self.max_per_img = cfg.get('min_bbox_size', -1), cfg.max_per_img
+        self.iou_threshold = nms_cfg['iou_threshold']
+
+    def decode(self, priors: Tensor, deltas: Tensor, height, width) -> Tensor:
+        """(N, 4) anchors x1 y1 x2 y2 and (N, 4) deltas -> (N, 4) boxes, in ``delta2bbox``'s order of operations."""
+        deltas = deltas * deltas.new_tensor(self.stds) + deltas.new_tensor(self.means)
+        centre, size = (priors[:, :2] + priors[:, 2:]) * 0.5, priors[:, 2:] - priors[:, :2]
+        shift, log_scale = size * deltas[:, :2], deltas[:, 2:]
+        if self.ctr_clamp is None:
+            log_scale = log_scale.clamp(min=-self.max_ratio, max=self.max_ratio)
+        else:
+            shift, log_scale = shift.clamp(-self.ctr_clamp, self.ctr_clamp), log_scale.clamp(max=self.max_ratio)
+        centre, size = centre + shift, size * log_scale.exp()
+        boxes = torch.cat([centre - size * 0.5, centre + size * 0.5], dim=-1)
+        if self.clip_border:
+            x, y = boxes[:, 0::2].clamp(min=0, max=width), boxes[:, 1::2].clamp(min=0, max=height)
+            boxes = torch.stack([x[:, 0], y[:, 0], x[:, 1], y[:, 1]], dim=-1)
+        return boxes
+
+    def forward(self, cls_scores: Sequence[Tensor], bbox_preds: Sequence[Tensor], height, width
+                ) -> Tuple[Tensor, Tensor, Tensor]:
+        """Per level (1, A * classes, h, w) scores and (1, A * 4, h, w) deltas; the image's height and width.
+
+        Returns (K, 4) boxes x1 y1 x2 y2 in the input's pixels, (K,) scores and (K,) int64 labels, best first.
+        """
+        priors = self.prior_generator.grid_priors([score.shape[-2:] for score in cls_scores],
+                                                  dtype=cls_scores[0].dtype, device=cls_scores[0].device)
+        boxes, scores, labels = [], [], []
+        for level_scores, level_deltas, level_priors in zip(cls_scores, bbox_preds, priors):
+            level_scores = level_scores[0].permute(1, 2, 0).reshape(-1).sigmoid()
+            candidates = (level_scores > self.score_thr).nonzero()[:, 0]
+            order = level_scores[candidates].argsort(descending=True)
+            if self.nms_pre > 0:
+                order = order[:self.nms_pre]
+            candidates = candidates[order]
+            anchor = candidates // self.num_classes
+            deltas = level_deltas[0].permute(1, 2, 0).reshape(-1, 4)[anchor]
+            boxes.append(self.decode(level_priors[anchor], deltas, height, width))
+            scores.append(level_scores[candidates])
+            labels.append(candidates % self.num_classes)
+        boxes, scores, labels = torch.cat(boxes), torch.cat(scores), torch.cat(labels)
+        if self.min_bbox_size >= 0:
+            size = boxes[:, 2:] - boxes[:, :2]
+            large = ((size[:, 0] > self.min_bbox_size) & (size[:, 1] > self.min_bbox_size)).nonzero()[:, 0]
+            boxes, scores, labels = boxes[large], scores[large], labels[large]
+        # the largest coordinate, -inf (and no offsets) where no box is left
+        largest = nn.functional.pad(boxes.reshape(-1), (0, 1), value=-math.inf).max()
+        offsets = labels.to(boxes.dtype) * (largest + 1)
+        kept = NonMaxSuppression.apply(boxes + offsets[:, None], scores, self.iou_threshold)[:self.max_per_img]
+        return boxes[kept], scores[kept], labels[kept]
 
 
 class AveragingAdaptivePool2d(nn.Module):
@@ -163,6 +298,10 @@ def export_onnx(module: ImageToTensors, example: Tensor, path: str, dynamic: boo
     """
     if exporter not in EXPORTERS:
         raise ExportError(f'unknown exporter {exporter!r}; choose one of {EXPORTERS}')
+    detections = module.detections is not None
+    if detections and (exporter != 'torchscript' or example.shape[0] != 1):
+        raise ExportError('--nms exports the detections of one image with the TorchScript exporter: pass '
+                          '--exporter torchscript (the dynamo exporter has no lowering of NMS)')
     module.eval()
     with torch.no_grad():
         names = module.describe_outputs(module(example))
@@ -173,7 +312,8 @@ def export_onnx(module: ImageToTensors, example: Tensor, path: str, dynamic: boo
                                           2: torch.export.Dim('height', min=32, max=16384),
                                           3: torch.export.Dim('width', min=32, max=16384)}, )
     elif dynamic:
-        options['dynamic_axes'] = {'image': {0: 'batch', 2: 'height', 3: 'width'}}
+        free = {2: 'height', 3: 'width'} if detections else {0: 'batch', 2: 'height', 3: 'width'}
+        options['dynamic_axes'] = {'image': free, **{name: {0: 'detections'} for name in names if detections}}
     try:
         torch.onnx.export(module, (example, ), path, dynamo=exporter == 'dynamo', **options)
     except Exception as err:  # the exporters raise many types; the first line says which operator failed
@@ -195,17 +335,48 @@ def compare_in_onnxruntime(reference: ImageToTensors, path: str, image: Tensor) 
     except Exception as err:  # onnxruntime's errors (shape mismatch of a static graph, ...) share no base class
         raise ExportError(f'ONNX Runtime could not run {path} on an input of shape {tuple(image.shape)}: '
                           f'{str(err).strip().splitlines()[0]}') from err
+    produced = [torch.from_numpy(output) for output in produced]
+    if reference.detections is not None:
+        produced = pair_detections(expected, produced)
     rows = []
     for name, ours, theirs in zip(reference.describe_outputs(expected), expected, produced):
-        theirs = torch.from_numpy(theirs)
         if theirs.shape != ours.shape:
             raise ExportError(f'output {name}: ONNX Runtime gives shape {tuple(theirs.shape)}, PyTorch '
                               f'{tuple(ours.shape)}')
-        max_abs = (theirs.double() - ours.double()).abs().max().item()
-        scale = ours.double().abs().max().item()
+        if ours.numel() == 0:  # a detector that finds nothing, in both
+            max_abs = scale = 0.0
+        else:
+            max_abs = (theirs.double() - ours.double()).abs().max().item()
+            scale = ours.double().abs().max().item()
         rows.append(dict(output=name, shape=tuple(ours.shape), max_abs=max_abs,
                          max_rel=max_abs / scale if scale else max_abs))
     return rows
+
+
+def pair_detections(expected: Sequence[Tensor], produced: Sequence[Tensor]) -> List[Tensor]:
+    """ONNX Runtime's (boxes, scores, labels) reordered to pair with PyTorch's, detection by detection.
+
+    Both list the detections best first, but where two scores differ by less than the engines' rounding (an
+    untrained head gives many such near-ties) the order of the two may differ. Each PyTorch detection, best
+    first, is paired with the nearest unpaired box of its class; the differences of the pairs are then what the
+    comparison measures, so a box that only one engine keeps shows as a large one.
+    """
+    boxes, _, labels = expected
+    their_boxes, _, their_labels = produced
+    if len(their_boxes) != len(boxes):
+        raise ExportError(f'ONNX Runtime finds {len(their_boxes)} detections, PyTorch {len(boxes)}')
+    distance = (boxes[:, None].double() - their_boxes[None].double()).abs().amax(-1)
+    distance[labels[:, None] != their_labels[None]] = math.inf
+    pairs = []
+    for detection, row in enumerate(distance):
+        partner = int(row.argmin())
+        if math.isinf(row[partner]):
+            raise ExportError(f'PyTorch detection {detection} (class {int(labels[detection])}) has no ONNX Runtime '
+                              f'detection of its class left to pair with')
+        pairs.append(partner)
+        distance[:, partner] = math.inf
+    index = torch.tensor(pairs, dtype=torch.long)
+    return [output[index] for output in produced]
 
 
 def check_shape(shape: Optional[Sequence[int]], minimum: int = 32) -> Tuple[int, int]:

@@ -152,6 +152,50 @@ def test_exported_retinanet_outputs_give_the_models_detections(tmp_path):
     assert torch.equal(from_onnx.labels, from_torch.labels)
 
 
+def test_retinanet_exported_with_nms_gives_the_models_detections(tmp_path):
+    """With --nms the graph ends in ONNX's NonMaxSuppression and returns what mmdet's predict returns, at a size
+    the export never saw. An untrained head scores every anchor near its prior (0.01), so a threshold below that
+    gives NMS thousands of overlapping candidates of every class to sort out."""
+    import onnx
+    from mmdet.apis import init_detector
+    from mala_mm.export import pair_detections
+    import mala_mm  # noqa: F401
+    test_cfg = dict(score_thr=0.005, nms_pre=1000, max_per_img=1000)
+    model = init_detector(f'{ROOT}/configs/detection/retinanet_mala_t_builtin.py', device='cpu',
+                          cfg_options=dict(model=dict(backbone=dict(init_cfg=None), test_cfg=test_cfg)))
+    module = ImageToTensors(model, nms=True)
+    path = str(tmp_path / 'retinanet_nms.onnx')
+    assert export_onnx(module, torch.rand(1, 3, 128, 160) * 255, path, dynamic=True,
+                       exporter='torchscript') == ['boxes', 'scores', 'labels']
+    assert 'NonMaxSuppression' in {node.op_type for node in onnx.load(path).graph.node}
+    image = torch.rand(1, 3, 165, 139) * 255
+    x = (image.flip(1) - module.mean) / module.std if module.flip_channels else (image - module.mean) / module.std
+    meta = dict(img_shape=(165, 139), ori_shape=(165, 139), scale_factor=(1.0, 1.0))
+    with torch.no_grad():
+        expected = model.predict(x, [_sample(meta)], rescale=False)[0].pred_instances
+        level_scores = model.bbox_head(model.extract_feat(x))[0]
+    candidates = sum(min(test_cfg['nms_pre'], int((s.sigmoid() > test_cfg['score_thr']).sum())) for s in level_scores)
+    assert 0 < len(expected.bboxes) < min(candidates, test_cfg['max_per_img'])  # NMS, not a cap, set the count
+    boxes, scores, labels = pair_detections(
+        (expected.bboxes, expected.scores, expected.labels),
+        [torch.from_numpy(t) for t in onnxruntime_outputs(path, image)])
+    torch.testing.assert_close(boxes, expected.bboxes, rtol=RELATIVE_TOLERANCE, atol=RELATIVE_TOLERANCE * 165)
+    torch.testing.assert_close(scores, expected.scores, rtol=RELATIVE_TOLERANCE, atol=0)
+    assert torch.equal(labels, expected.labels)
+
+
+@pytest.mark.parametrize('config,options,message', [
+    ('configs/detection/mask_rcnn_mala_t_builtin.py', ['--exporter', 'torchscript'],
+     '--nms applies to single-stage detectors (RetinaNet, ...), not to a two-stage detector'),
+    ('configs/detection/retinanet_mala_t_builtin.py', ['--exporter', 'dynamo'],
+     '--nms exports the detections of one image with the TorchScript exporter'),
+])
+def test_nms_where_it_cannot_apply_is_a_clear_error(tmp_path, config, options, message):
+    result, log = export_tool(config, tmp_path / 'model.onnx', '--nms', '--shape', '64', '64', *options)
+    assert result.returncode == 2 and f'error: {message}' in result.stderr
+    assert 'Traceback' not in log and not (tmp_path / 'model.onnx').exists()
+
+
 def _sample(meta):
     from mmdet.structures import DetDataSample
     sample = DetDataSample()

@@ -1,7 +1,7 @@
 """Export an mmdet/mmseg model, or its backbone, to ONNX and check the graph in ONNX Runtime.
 
     python tools/export_onnx.py CONFIG [CHECKPOINT] --out FILE [--shape H W] [--dynamic] [--opset N]
-                                [--backbone-only] [--exporter dynamo|torchscript]
+                                [--backbone-only | --nms] [--exporter dynamo|torchscript]
 
 The graph takes a (B, 3, H, W) float32 image, 0-255, channels as the config's pipeline loads them, and
 normalises it inside. After writing FILE the tool runs it in ONNX Runtime at the export size and, with
@@ -27,6 +27,8 @@ def parse_args():
     parser.add_argument('--dynamic', action='store_true', help='free batch size, height and width')
     parser.add_argument('--opset', type=int, default=18, help='ONNX opset (default 18)')
     parser.add_argument('--backbone-only', action='store_true', help="export the backbone's feature maps")
+    parser.add_argument('--nms', action='store_true', help='single-stage detectors: the graph returns the '
+                        "detections of one image (boxes, scores, labels), through ONNX's NonMaxSuppression")
     parser.add_argument('--exporter', choices=['dynamo', 'torchscript'], default='dynamo',
                         help="torch.onnx.export's exporter (default: dynamo, torch's own default)")
     parser.add_argument('--tolerance', type=float, default=1e-4,
@@ -91,8 +93,8 @@ def main():
         fail(str(err))
     cfg, model = build_model(args)
     try:
-        module = ImageToTensors(model, backbone_only=args.backbone_only)
-        reference = ImageToTensors(model, backbone_only=args.backbone_only, exportable=False)
+        module = ImageToTensors(model, backbone_only=args.backbone_only, nms=args.nms)
+        reference = ImageToTensors(model, backbone_only=args.backbone_only, exportable=False, nms=args.nms)
         height, width = check_shape(args.shape or default_shape(cfg, module.kind))
         generator = torch.Generator().manual_seed(0)
         example = torch.rand(1, 3, height, width, generator=generator) * 255
