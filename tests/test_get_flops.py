@@ -38,8 +38,8 @@ def test_cli_prints_params_and_flops(get_flops):
 
 def test_cli_rejects_a_missing_config():
     result = run_get_flops('configs/detection/no_such_config.py')
-    assert result.returncode != 0
-    assert 'config file not found: configs/detection/no_such_config.py' in result.stderr
+    assert result.returncode == 2
+    assert "error: config file 'configs/detection/no_such_config.py' does not exist" in result.stderr
     assert 'Traceback' not in result.stderr
 
 

@@ -13,7 +13,7 @@ from typing import List
 
 import yaml
 
-from mala_mm.cli import fail
+from mala_mm.cli import fail, require_file
 
 REPO = Path(__file__).resolve().parents[1]
 START, END = '<!-- model-zoo:start -->', '<!-- model-zoo:end -->'
@@ -90,8 +90,7 @@ def parse_args():
 
 def main():
     args = parse_args()
-    if not args.readme.is_file():
-        fail(f'README not found: {args.readme}')
+    require_file(str(args.readme), 'README')
     readme = args.readme.read_text()
     rendered = render_readme(readme, load_metafiles(args.index))
     if args.check:

@@ -11,7 +11,6 @@ Example:
 """
 import argparse
 import importlib
-import os
 from typing import Callable, Dict, List, Tuple
 
 import torch
@@ -20,7 +19,7 @@ from mmengine.registry import init_default_scope
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
-from mala_mm.cli import fail
+from mala_mm.cli import fail, require_file
 
 # the paper's input sizes (H, W)
 DEFAULT_SHAPES = {'mmdet': (800, 1280), 'mmseg': (512, 2048)}
@@ -94,8 +93,7 @@ def parse_args():
 
 def main():
     args = parse_args()
-    if not os.path.isfile(args.config):
-        fail(f'config file not found: {args.config}')
+    require_file(args.config, 'config file')
     cfg = Config.fromfile(args.config)
     scope, model = build_model(cfg)
     height, width = args.shape or DEFAULT_SHAPES[scope]

@@ -12,13 +12,12 @@ Examples:
     python tools/verify_checkpoint.py checkpoints/mala_b_in1k.pth --config configs/detection/mask_rcnn_mala_b.py
 """
 import argparse
-import os
 from typing import Dict
 
 from mmengine.config import Config
 
 from mala_mm import MALA
-from mala_mm.cli import fail
+from mala_mm.cli import fail, require_file
 from mala_mm.checkpoint import (CheckpointError, StateDictComparison, compare_state_dict, extract_backbone_state_dict,
                                 safe_load)
 
@@ -47,8 +46,7 @@ def report(name: str, comparison: StateDictComparison, limit: int = 5) -> None:
 def backbones_to_try(args) -> Dict[str, MALA]:
     """{description: backbone} from --config, --arch or every released variant."""
     if args.config:
-        if not os.path.isfile(args.config):
-            fail(f'config file not found: {args.config}')
+        require_file(args.config, 'config file')
         backbone = dict(Config.fromfile(args.config).model.backbone)
         if backbone.pop('type', None) != 'MALA':
             fail(f'the backbone of {args.config} is not MALA')
