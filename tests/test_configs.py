@@ -111,7 +111,8 @@ def test_backbone_settings(config):
     arch, drop_path = VARIANTS[v]
     backbone = cfg.model.backbone
     assert cfg.custom_imports == dict(imports=['mala_mm'], allow_failed_imports=False)
-    assert (backbone.type, backbone.arch, backbone.drop_path_rate) == ('MALA', arch, drop_path)
+    assert (backbone.type, backbone.arch) == ('MALA', arch)
+    assert backbone.get('drop_path_rate', MALA.arch_zoo[arch]['drop_path_rate']) == drop_path
     assert backbone.norm_cfg == dict(type='SyncBN', requires_grad=True) and backbone.norm_eval is False
     assert cfg.pretrained == f'checkpoints/mala_{v}_in1k.pth'
     assert backbone.init_cfg == dict(type='Pretrained', checkpoint=cfg.pretrained)

@@ -1,5 +1,6 @@
-# MALA-S in every paper config: its settings, its ImageNet-1K weights and the widths of its four outputs.
+# MALA-S in every paper config: its arch, its ImageNet-1K weights and the widths of its four outputs.
+# The dense runs keep the arch's own drop path rate.
 # the release's classification checkpoint, downloaded to this local path
 pretrained = 'checkpoints/mala_s_in1k.pth'
-mala_variant = dict(arch='small', drop_path_rate=0.15, init_cfg=dict(type='Pretrained', checkpoint=pretrained))
+mala_variant = dict(arch='small', init_cfg=dict(type='Pretrained', checkpoint=pretrained))
 mala_channels = [64, 128, 320, 512]
