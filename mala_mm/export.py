@@ -12,8 +12,8 @@ The exported graph takes an image batch as the config's pipeline loads it (B, 3,
   the graph goes on to the detections themselves (:class:`DenseDetections`: box decoding, score threshold,
   ONNX's ``NonMaxSuppression``), as ``predict_by_feat`` computes them.
 - a two-stage detector (Mask R-CNN, Cascade): the neck's features and the RPN head's per-level scores and box
-  deltas. Proposal NMS and the RoI heads need mmcv's compiled ops (nms, RoIAlign), which ONNX has no standard
-  operators for, so they run after the graph in PyTorch (``rpn_head.predict_by_feat`` then ``roi_head.predict``).
+  deltas. The RoI heads need mmcv's RoIAlign, which has no standard ONNX operator, so proposals and RoI heads
+  run after the graph in PyTorch (``rpn_head.predict_by_feat`` then ``roi_head.predict``).
 """
 import copy
 import math
