@@ -63,11 +63,16 @@ class ImageToTensors(nn.Module):
                                      if self.kind == 'two-stage detector' else ''))
             self.detections = DenseDetections(self.model.bbox_head) if exportable else self._predict_by_feat
 
-    def forward(self, image: Tensor) -> Tuple[Tensor, ...]:
-        """image: (B, 3, H, W) float32, 0-255, channels in the loaded order."""
+    def normalise(self, image: Tensor) -> Tensor:
+        """image: (B, 3, H, W) float32, 0-255, channels in the loaded order -> the model's input, as its
+        data preprocessor makes it."""
         if self.flip_channels:
             image = image.flip(1)
-        x = (image - self.mean) / self.std
+        return (image - self.mean) / self.std
+
+    def forward(self, image: Tensor) -> Tuple[Tensor, ...]:
+        """image: (B, 3, H, W) float32, 0-255, channels in the loaded order."""
+        x = self.normalise(image)
         model = self.model
         if self.kind == 'backbone':
             backbone = getattr(model, 'backbone', model)

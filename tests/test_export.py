@@ -145,7 +145,7 @@ def test_exported_retinanet_outputs_give_the_models_detections(tmp_path):
     with torch.no_grad():
         from_onnx = model.bbox_head.predict_by_feat(produced[:levels], produced[levels:2 * levels],
                                                     batch_img_metas=[meta], rescale=False)[0]
-        x = (image.flip(1) - module.mean) / module.std if module.flip_channels else (image - module.mean) / module.std
+        x = module.normalise(image)
         from_torch = model.bbox_head.predict(model.extract_feat(x), [_sample(meta)], rescale=False)[0]
     assert len(from_torch.bboxes) > 0
     torch.testing.assert_close(from_onnx.bboxes, from_torch.bboxes, rtol=1e-4, atol=1e-3)
@@ -169,7 +169,7 @@ def test_retinanet_exported_with_nms_gives_the_models_detections(tmp_path):
                        exporter='torchscript') == ['boxes', 'scores', 'labels']
     assert 'NonMaxSuppression' in {node.op_type for node in onnx.load(path).graph.node}
     image = torch.rand(1, 3, 165, 139) * 255
-    x = (image.flip(1) - module.mean) / module.std if module.flip_channels else (image - module.mean) / module.std
+    x = module.normalise(image)
     meta = dict(img_shape=(165, 139), ori_shape=(165, 139), scale_factor=(1.0, 1.0))
     with torch.no_grad():
         expected = model.predict(x, [_sample(meta)], rescale=False)[0].pred_instances

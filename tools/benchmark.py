@@ -9,11 +9,10 @@ import os.path as osp
 import time
 
 import torch
-from mmengine.config import Config
 from mmengine.registry import init_default_scope
 from mmengine.runner import load_checkpoint
 
-from mala_mm.cli import SCOPES, fail, require_file
+from mala_mm.cli import SCOPES, fail, read_config
 
 DATA_SAMPLES = {'mmdet': 'DetDataSample', 'mmseg': 'SegDataSample'}
 
@@ -41,8 +40,7 @@ def random_batch(scope, batch_size, height, width):
 
 def main():
     args = parse_args()
-    require_file(args.config, 'config file')
-    cfg = Config.fromfile(args.config)
+    cfg = read_config(args.config)
     scope = cfg.get('default_scope')
     if scope not in SCOPES:
         fail(f'{args.config}: default_scope must be one of {SCOPES}, got {scope!r}')

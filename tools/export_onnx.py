@@ -12,9 +12,9 @@ import argparse
 import importlib.util
 
 import torch
-from mmengine.config import Config, DictAction
+from mmengine.config import DictAction
 
-from mala_mm.cli import fail, require_file
+from mala_mm.cli import fail, read_config, require_file
 
 
 def parse_args():
@@ -39,12 +39,9 @@ def parse_args():
 
 
 def build_model(args):
-    require_file(args.config, 'config file')
+    cfg = read_config(args.config, args.cfg_options)
     if args.checkpoint is not None:
         require_file(args.checkpoint, 'checkpoint')
-    cfg = Config.fromfile(args.config)
-    if args.cfg_options:
-        cfg.merge_from_dict(args.cfg_options)
     scope = cfg.get('default_scope')
     import mala_mm  # noqa: F401  registers MALA for configs without custom_imports
     from mala_mm.checkpoint import CheckpointError

@@ -19,7 +19,7 @@ from mmengine.registry import init_default_scope
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
-from mala_mm.cli import fail, require_file
+from mala_mm.cli import fail, read_config
 
 # the paper's input sizes (H, W)
 DEFAULT_SHAPES = {'mmdet': (800, 1280), 'mmseg': (512, 2048)}
@@ -93,8 +93,7 @@ def parse_args():
 
 def main():
     args = parse_args()
-    require_file(args.config, 'config file')
-    cfg = Config.fromfile(args.config)
+    cfg = read_config(args.config)
     scope, model = build_model(cfg)
     height, width = args.shape or DEFAULT_SHAPES[scope]
     inputs, data_samples = dummy_batch(scope, height, width)

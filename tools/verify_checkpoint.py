@@ -14,10 +14,9 @@ Examples:
 import argparse
 from typing import Dict
 
-from mmengine.config import Config
 
 from mala_mm import MALA
-from mala_mm.cli import fail, require_file
+from mala_mm.cli import fail, read_config
 from mala_mm.checkpoint import (CheckpointError, StateDictComparison, compare_state_dict, extract_backbone_state_dict,
                                 safe_load)
 
@@ -46,8 +45,7 @@ def report(name: str, comparison: StateDictComparison, limit: int = 5) -> None:
 def backbones_to_try(args) -> Dict[str, MALA]:
     """{description: backbone} from --config, --arch or every released variant."""
     if args.config:
-        require_file(args.config, 'config file')
-        backbone = dict(Config.fromfile(args.config).model.backbone)
+        backbone = dict(read_config(args.config).model.backbone)
         if backbone.pop('type', None) != 'MALA':
             fail(f'the backbone of {args.config} is not MALA')
         backbone.pop('init_cfg', None)

@@ -8,12 +8,13 @@ Exit status 0 when every image decodes, 2 with the list of those that do not (an
 import argparse
 import time
 
-from mmengine.config import Config, DictAction
+from mmengine.config import DictAction
 
 from mala_mm.datasets import (DatasetNotFoundError, EmptyDataFileError, check_data_paths, split_image_paths,
                               undecodable_images)
 
-from .errors import fail, require_file
+from .errors import fail
+from .runner import read_config
 
 
 def main():
@@ -23,10 +24,7 @@ def main():
     parser.add_argument('--workers', type=int, default=0, help='decoding processes (default: all cores)')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction, help='override config entries')
     args = parser.parse_args()
-    require_file(args.config, 'config file')
-    cfg = Config.fromfile(args.config)
-    if args.cfg_options:
-        cfg.merge_from_dict(args.cfg_options)
+    cfg = read_config(args.config, args.cfg_options)
     splits = [s for s in args.splits if cfg.get(f'{s}_dataloader') is not None]
     try:
         check_data_paths(cfg, [f'{s}_dataloader' for s in splits])

@@ -7,6 +7,7 @@ import os.path as osp
 import re
 import subprocess
 import sys
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -29,12 +30,18 @@ def add_common_args(parser):
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
 
 
+def read_config(path: str, options: Optional[dict] = None) -> Config:
+    """The config file at ``path`` with ``--cfg-options`` ``options`` merged in; a missing file is a clear error."""
+    require_file(path, 'config file')
+    cfg = Config.fromfile(path)
+    if options:
+        cfg.merge_from_dict(options)
+    return cfg
+
+
 def load_config(args) -> Config:
     """The config with the command line's overrides, its work_dir and launcher set."""
-    require_file(args.config, 'config file')
-    cfg = Config.fromfile(args.config)
-    if args.cfg_options:
-        cfg.merge_from_dict(args.cfg_options)
+    cfg = read_config(args.config, args.cfg_options)
     if cfg.get('default_scope') not in SCOPES:
         fail(f'{args.config}: default_scope is {cfg.get("default_scope")!r}; these tools run configs whose '
              f'default_scope is one of {SCOPES} (inherit mmdet::/mmseg::_base_/default_runtime.py)')
