@@ -127,14 +127,17 @@ def test_max_restarts_must_be_a_number(builtin_workspace):
     assert "error: --max-restarts must be a number of restarts, got 'many'" in result.stderr
 
 
-STRESS_RUNS = 20
+# The abort this test guards against struck a run now and then; its cause, gloo worker threads still alive when
+# the interpreter begins to exit, shows in every run (ThreadsAtExitHook), so a few runs catch a regression. The
+# soak that counts aborts: MALA_MM_STRESS_RUNS=20 tools/run_tests.sh tests/test_cluster.py -k exits_cleanly
+STRESS_RUNS = int(os.environ.get('MALA_MM_STRESS_RUNS', 3))
 
 
 def test_two_process_segmentation_test_exits_cleanly_every_time(builtin_workspace, tmp_path):
-    """tools/dist_test.sh with 2 processes on the built-in segmentor, 20 times, while a third process keeps
-    a core busy: the load under which a gloo worker thread still alive at the interpreter's exit asked for the
-    GIL too late and the process aborted ('terminate called without an active exception'). Every process must
-    also have joined its gloo worker threads before the interpreter begins to exit."""
+    """tools/dist_test.sh with 2 processes on the built-in segmentor, STRESS_RUNS times, while a third process
+    keeps a core busy: the load under which a gloo worker thread still alive at the interpreter's exit asked for
+    the GIL too late and the process aborted ('terminate called without an active exception'). Every process
+    must also have joined its gloo worker threads before the interpreter begins to exit."""
     import importlib
     from mmengine.config import Config
     from mmengine.registry import init_default_scope

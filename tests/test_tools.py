@@ -36,12 +36,26 @@ def test_missing_dataset_names_the_folder_and_the_command(config, tmp_path):
     assert 'Traceback' not in result.stderr
 
 
-def test_missing_dataset_through_the_launcher(tmp_path):
-    result = run_tool(['dist_test.sh', DET_CONFIG, DET_CONFIG, '2'], cwd=tmp_path)
+@pytest.mark.parametrize('slow_rank', ['0', '1'])
+def test_missing_dataset_through_the_launcher(tmp_path, slow_rank):
+    """One process checks the dataset and the job stops with its message printed once, whichever process is
+    scheduled last: torchrun stops the others as soon as one exits, so a process that printed only after
+    another had exited would lose the line."""
+    result = run_tool(['dist_train.sh', DET_CONFIG, '2'], cwd=tmp_path, MALA_MM_SLOW_RANK=slow_rank,
+                      PYTHONPATH=osp.join(osp.dirname(__file__), 'slow_rank'))
     assert result.returncode != 0
     output = result.stdout + result.stderr
-    # printed once, by the first process, not by each
-    assert output.count('python -m mala_mm.cli.make_builtin_dataset --out data/builtin') == 1
+    assert output.count('python -m mala_mm.cli.make_builtin_dataset --out data/builtin') == 1, output[-3000:]
+
+
+def test_missing_pretrained_weights_are_named_before_training(builtin_workspace):
+    result = run_tool(['train.py', DET_CONFIG, '--cfg-options',
+                       "model.backbone.init_cfg.type=Pretrained", 'model.backbone.init_cfg.checkpoint=no_such.pth'],
+                      cwd=builtin_workspace)
+    assert result.returncode == 2
+    assert ("error: model.backbone.init_cfg.checkpoint 'no_such.pth' does not exist; the ImageNet weights and "
+            "where they go: docs/get_started.md#weights") in result.stderr
+    assert 'Traceback' not in result.stderr
 
 
 def test_other_datasets_get_a_generic_hint(tmp_path):

@@ -5,7 +5,8 @@
 """
 import argparse
 
-from mala_mm.cli import add_common_args, check_data, fail, load_config, require_file, run_runner, setup_distributed
+from mala_mm.cli import (add_common_args, config_errors, data_problems, fail, load_config, missing_file, preflight,
+                         run_runner, setup_distributed)
 
 
 def parse_args():
@@ -48,14 +49,14 @@ def dump_predictions(cfg, args):
 def main():
     args = parse_args()
     cfg = load_config(args)
-    require_file(args.checkpoint, 'checkpoint')
     cfg.load_from = args.checkpoint
     if args.show or args.show_dir:
         enable_visualization(cfg, args)
     if args.out:
         dump_predictions(cfg, args)
-    check_data(cfg, ('test_dataloader', ))
     setup_distributed(cfg)
+    preflight(lambda: [*config_errors(cfg, args.config), *missing_file(args.checkpoint, 'checkpoint'),
+                       *data_problems(cfg, ('test_dataloader', ))])
     run_runner(cfg, 'test')
 
 

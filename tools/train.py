@@ -8,8 +8,8 @@ import sys
 
 import torch
 
-from mala_mm.cli import (add_common_args, check_data, fail, is_main_process, load_config, require_file, run_runner,
-                         setup_distributed)
+from mala_mm.cli import (add_common_args, config_errors, data_problems, is_main_process, load_config,
+                         missing_weight_files, preflight, run_runner, setup_distributed)
 from mala_mm.runtime import fit_optim_wrapper_to_device
 
 
@@ -32,19 +32,22 @@ def main():
     change = fit_optim_wrapper_to_device(cfg.optim_wrapper, args.amp, torch.cuda.is_available())
     if change and is_main_process():
         print(change, file=sys.stderr)
+    problems = []
     if args.auto_scale_lr:
-        if 'base_batch_size' not in cfg.get('auto_scale_lr', {}):
-            fail(f'--auto-scale-lr: {args.config} has no auto_scale_lr.base_batch_size to scale from')
-        cfg.auto_scale_lr.enable = True
+        if 'base_batch_size' in cfg.get('auto_scale_lr', {}):
+            cfg.auto_scale_lr.enable = True
+        else:
+            problems.append(f'--auto-scale-lr: {args.config} has no auto_scale_lr.base_batch_size to scale from')
     if args.resume == 'auto':
         cfg.resume, cfg.load_from = True, None
     elif args.resume is not None:
-        require_file(args.resume, '--resume checkpoint')
         cfg.resume, cfg.load_from = True, args.resume
-    check_data(cfg, ('train_dataloader', 'val_dataloader'))
     from mala_mm.datasets import skip_undecodable_images
     skip_undecodable_images(cfg)  # the config key skip_undecodable_images = N
     setup_distributed(cfg)
+    load_from_name = 'load_from' if args.resume in (None, 'auto') else '--resume checkpoint'
+    preflight(lambda: [*config_errors(cfg, args.config), *problems, *missing_weight_files(cfg, load_from_name),
+                       *data_problems(cfg, ('train_dataloader', 'val_dataloader'))])
     run_runner(cfg, 'train')
 
 

@@ -2,8 +2,10 @@
 set-up that also works without CUDA, and the commands a pip-installed package runs as modules
 (``python -m mala_mm.cli.make_builtin_dataset``, ``python -m mala_mm.cli.check_dataset``)."""
 from .config_check import config_problems
-from .errors import fail, is_main_process, require_file
-from .runner import SCOPES, add_common_args, check_data, load_config, read_config, run_runner, setup_distributed
+from .errors import fail, is_main_process, missing_file, require_file
+from .runner import (SCOPES, add_common_args, config_errors, data_problems, load_config, missing_weight_files,
+                     preflight, read_config, run_runner, setup_distributed)
 
-__all__ = ['SCOPES', 'add_common_args', 'check_data', 'config_problems', 'fail', 'is_main_process', 'load_config',
-           'read_config', 'require_file', 'run_runner', 'setup_distributed']
+__all__ = ['SCOPES', 'add_common_args', 'config_errors', 'config_problems', 'data_problems', 'fail',
+           'is_main_process', 'load_config', 'missing_file', 'missing_weight_files', 'preflight', 'read_config', 'require_file',
+           'run_runner', 'setup_distributed']

@@ -5,7 +5,7 @@ tables that are out of date) stops the same way, with the reason.
 """
 import os
 import sys
-from typing import NoReturn
+from typing import List, NoReturn
 
 ERROR_STATUS = 2
 
@@ -14,14 +14,28 @@ def is_main_process() -> bool:
     return int(os.environ.get('RANK', os.environ.get('SLURM_PROCID', 0))) == 0
 
 
+def local_rank() -> int:
+    """The process's index on its node (torchrun's LOCAL_RANK, srun's SLURM_LOCALID); 0 outside a job."""
+    return int(os.environ.get('LOCAL_RANK', os.environ.get('SLURM_LOCALID', 0)))
+
+
+def print_error(message: str) -> None:
+    print(f'error: {message}', file=sys.stderr, flush=True)
+
+
 def fail(message: str) -> NoReturn:
     """Print ``error: message`` (once per job, not once per process) and exit with status 2."""
     if is_main_process():
-        print(f'error: {message}', file=sys.stderr)
+        print_error(message)
     raise SystemExit(ERROR_STATUS)
+
+
+def missing_file(path: str, what: str) -> List[str]:
+    """``["<what> '<path>' does not exist"]`` unless ``path`` is a file, else ``[]``."""
+    return [] if os.path.isfile(path) else [f'{what} {path!r} does not exist']
 
 
 def require_file(path: str, what: str) -> None:
     """Stop with ``error: <what> '<path>' does not exist`` unless ``path`` is a file."""
-    if not os.path.isfile(path):
-        fail(f'{what} {path!r} does not exist')
+    for problem in missing_file(path, what):
+        fail(problem)

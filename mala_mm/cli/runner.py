@@ -7,14 +7,15 @@ import os.path as osp
 import re
 import subprocess
 import sys
-from typing import Optional
+from typing import Callable, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 from mmengine.config import Config, DictAction
+from mmengine.dist import init_dist
 
 from .config_check import config_problems
-from .errors import fail, is_main_process, require_file
+from .errors import ERROR_STATUS, fail, is_main_process, local_rank, missing_file, print_error, require_file
 
 SCOPES = ('mmdet', 'mmseg')  # the config's default_scope picks the library
 
@@ -40,14 +41,9 @@ def read_config(path: str, options: Optional[dict] = None) -> Config:
 
 
 def load_config(args) -> Config:
-    """The config with the command line's overrides, its work_dir and launcher set."""
+    """The config with the command line's overrides, its work_dir and launcher set. It is checked with the
+    job's other pre-flight checks (``config_errors``, ``preflight``)."""
     cfg = read_config(args.config, args.cfg_options)
-    if cfg.get('default_scope') not in SCOPES:
-        fail(f'{args.config}: default_scope is {cfg.get("default_scope")!r}; these tools run configs whose '
-             f'default_scope is one of {SCOPES} (inherit mmdet::/mmseg::_base_/default_runtime.py)')
-    problems = config_problems(cfg)
-    if problems:
-        fail('\n'.join(f'{args.config}: {problem}' for problem in problems))
     cfg.launcher = args.launcher
     if args.work_dir:
         cfg.work_dir = args.work_dir
@@ -56,12 +52,72 @@ def load_config(args) -> Config:
     return cfg
 
 
-def check_data(cfg, dataloaders):
+def config_errors(cfg, config_path: str) -> List[str]:
+    """What stops ``cfg`` (read from ``config_path``) from building: a default_scope these tools do not run, or
+    misspelt keys."""
+    if cfg.get('default_scope') not in SCOPES:
+        return [f'{config_path}: default_scope is {cfg.get("default_scope")!r}; these tools run configs whose '
+                f'default_scope is one of {SCOPES} (inherit mmdet::/mmseg::_base_/default_runtime.py)']
+    return [f'{config_path}: {problem}' for problem in config_problems(cfg)]
+
+
+def _pretrained_checkpoints(node, path: str = 'model') -> Iterator[Tuple[str, str]]:
+    """(dotted path, file) of every ``init_cfg=dict(type='Pretrained', checkpoint=...)`` under ``node``."""
+    if isinstance(node, dict):
+        if node.get('type') == 'Pretrained' and isinstance(node.get('checkpoint'), str):
+            yield f'{path}.checkpoint', node['checkpoint']
+        for key, value in node.items():
+            yield from _pretrained_checkpoints(value, f'{path}.{key}')
+    elif isinstance(node, (list, tuple)):
+        for index, value in enumerate(node):
+            yield from _pretrained_checkpoints(value, f'{path}[{index}]')
+
+
+def missing_weight_files(cfg, load_from_name: str = 'load_from') -> List[str]:
+    """One line per local weights file that training ``cfg`` reads and that does not exist: the ``Pretrained``
+    init_cfgs (read before a resumed run's checkpoint too) and ``load_from``, called ``load_from_name`` in the
+    line. URLs (``https://``, ``s3://``, ``torchvision://`` ...) are fetched by the loader and not checked here."""
+    problems = [f'{problem}; the ImageNet weights and where they go: docs/get_started.md#weights'
+                for where, file in _pretrained_checkpoints(cfg.get('model')) if '://' not in file
+                for problem in missing_file(file, where)]
+    load_from = cfg.get('load_from')
+    if load_from and '://' not in load_from:
+        problems += missing_file(load_from, load_from_name)
+    return problems
+
+
+def data_problems(cfg, dataloaders) -> List[str]:
+    """The datasets of ``dataloaders`` that are missing or hold empty files, with how to fix each."""
     from mala_mm.datasets import DatasetNotFoundError, EmptyDataFileError, check_data_paths
     try:
         check_data_paths(cfg, dataloaders)
     except (DatasetNotFoundError, EmptyDataFileError) as err:
-        fail(str(err))
+        return [str(err)]
+    return []
+
+
+def preflight(find_problems: Callable[[], List[str]]) -> None:
+    """Stop the job, before anything is built, if ``find_problems()`` reports any (one line each).
+
+    In a distributed job (``setup_distributed`` first) the first process of each node checks, since data and
+    weights may be local to a node, and the others wait for its verdict: one look at a shared filesystem per
+    node, not one per process. Every process that found a problem prints it before the group's last barrier,
+    so the lines reach the terminal whatever order the processes end in afterwards: the launcher stops the
+    others as soon as one exits, and a line not yet printed then would be lost.
+    """
+    problems = find_problems() if local_rank() == 0 else []
+    if not (dist.is_available() and dist.is_initialized()):
+        if problems:
+            fail('\n'.join(problems))
+        return
+    verdicts = [None] * dist.get_world_size()
+    dist.all_gather_object(verdicts, problems)
+    if not any(verdicts):
+        return
+    for problem in problems:
+        print_error(problem)
+    close_distributed(finished=True)
+    raise SystemExit(ERROR_STATUS)
 
 
 def _slurm_environment():
@@ -75,9 +131,13 @@ def _slurm_environment():
 
 
 def setup_distributed(cfg):
-    """Without CUDA, start the gloo process group here, before the Runner (mmengine's own start-up selects a
-    CUDA device), and wrap the model in DDP without device ids. With CUDA the Runner does it all."""
-    if cfg.launcher == 'none' or torch.cuda.is_available():
+    """Start the process group of a distributed job here, before the Runner, so that the pre-flight checks can
+    share one verdict. With CUDA as the Runner would have (mmengine's ``init_dist``; the Runner then skips it);
+    without CUDA with gloo (mmengine's start-up selects a CUDA device), and DDP without device ids."""
+    if cfg.launcher == 'none':
+        return
+    if torch.cuda.is_available():
+        init_dist(cfg.launcher, **cfg.get('env_cfg', {}).get('dist_cfg', {}))
         return
     if cfg.launcher == 'slurm':
         _slurm_environment()
