@@ -134,8 +134,6 @@ def test_detection_recipe(config):
     retinanet = 'retinanet' in config
 
     optim = cfg.optim_wrapper
-    assert optim.type == 'AmpOptimWrapper' and optim.loss_scale == 'dynamic'
-    assert optim.paramwise_cfg == dict(norm_decay_mult=0.)
     assert optim.optimizer == dict(type='AdamW', lr=2e-4 if large_3x else 4e-4, betas=(0.9, 0.999),
                                    weight_decay=1e-4 if retinanet else 0.05)
     warmup, steps = cfg.param_scheduler
@@ -215,7 +213,6 @@ def test_segmentation_recipe(config):
 
     assert cfg.optim_wrapper.optimizer == dict(type='AdamW', lr=6e-5 if upernet else 1e-4, betas=(0.9, 0.999),
                                                weight_decay=0.01 if upernet else 1e-4)
-    assert cfg.optim_wrapper.paramwise_cfg == dict(norm_decay_mult=0.)
     assert cfg.train_cfg.max_iters == iters
     poly = cfg.param_scheduler[-1]
     assert (poly.type, poly.power, poly.eta_min, poly.begin, poly.end) == (
@@ -259,13 +256,76 @@ def test_upernet_lr_curve_matches_warmup_times_poly():
         assert lr == pytest.approx(want, rel=1e-6), it
 
 
-def test_no_weight_decay_on_norms():
-    cfg = load('detection/mask_rcnn_mala_s.py')
-    backbone = MALA('tiny')
-    # AmpOptimWrapper needs an accelerator; the parameter groups come from the same constructor
+# ----------------------------------------------------------------------------------------------------------
+# what the release's optimizer did to each parameter, its precision and its evaluation cadence, per method
+
+NORM_LAYERS = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm, nn.GroupNorm, nn.LayerNorm)
+
+
+def method_of(config: str) -> str:
+    return re.match(r'\w+/(\w+?)_mala_', config).group(1)
+
+
+def release_is_decayed(method: str, name: str, module: nn.Module) -> bool:
+    """Whether the release's recipe for ``method`` decayed the parameter ``name`` of ``module``, in the words of
+    its paramwise_cfgs: Mask R-CNN and UperNet exempt a parameter whose name holds 'norm'; Cascade Mask R-CNN also
+    every norm layer; RetinaNet and Semantic FPN exempt nothing."""
+    if method in ('retinanet', 'fpn'):
+        return True
+    if method in ('mask_rcnn', 'upernet'):
+        return 'norm' not in name
+    assert method == 'cascade_mask_rcnn', method
+    return 'norm' not in name and not isinstance(module, NORM_LAYERS)
+
+
+def built_model(config: str):
+    cfg = load(config)
+    init_default_scope(cfg.default_scope)
+    return cfg, importlib.import_module(f'{cfg.default_scope}.registry').MODELS.build(cfg.model)
+
+
+@pytest.mark.parametrize('config', list(config_params()))
+def test_each_parameter_gets_the_release_weight_decay_and_lr(config):
+    cfg, model = built_model(config)
+    # mmengine's AmpOptimWrapper refuses to be built without an accelerator; the parameter groups come from the
+    # constructor alone, whatever the wrapper
     plain = {key: value for key, value in cfg.optim_wrapper.items() if key != 'loss_scale'}
-    wrapper = build_optim_wrapper(backbone, dict(plain, type='OptimWrapper'))
-    decay = {id(p): group['weight_decay'] for group in wrapper.optimizer.param_groups for p in group['params']}
-    norms = [m for m in backbone.modules() if isinstance(m, (nn.LayerNorm, nn.BatchNorm2d))]
-    assert norms and all(decay[id(p)] == 0 for m in norms for p in m.parameters())
-    assert decay[id(backbone.layers[0].blocks[0].attn.qkvo.weight)] == 0.05
+    groups = build_optim_wrapper(model, dict(plain, type='OptimWrapper')).optimizer.param_groups
+    given = {id(p): (group['weight_decay'], group['lr']) for group in groups for p in group['params']}
+    base_wd, base_lr = cfg.optim_wrapper.optimizer.weight_decay, cfg.optim_wrapper.optimizer.lr
+    method = method_of(config)
+    wrong, exempt = [], 0
+    for module_name, module in model.named_modules():
+        for param_name, param in module.named_parameters(recurse=False):
+            name = f'{module_name}.{param_name}'
+            want = (base_wd if release_is_decayed(method, name, module) else 0., base_lr)
+            exempt += want[0] == 0
+            if given[id(param)] != want:
+                wrong.append(f'{name}: weight decay, lr {given[id(param)]}, the release {want}')
+    assert len(given) == sum(1 for _ in model.parameters())
+    assert not wrong, f'{len(wrong)} parameters differ from the release, e.g. {wrong[:5]}'
+    assert (exempt == 0) == (method in ('retinanet', 'fpn'))
+
+
+@pytest.mark.parametrize('config', LEAF_CONFIGS)
+def test_precision_and_evaluation_cadence_are_the_releases(config):
+    """fp16 with mmcv 1.x's static loss scale 512 for every detector and UperNet, fp32 for Semantic FPN; every
+    detector evaluates and saves each epoch, UperNet every 8,000 iterations keeping the best mIoU, Semantic FPN
+    every 4,000."""
+    cfg = load(config)
+    method = method_of(config)
+    if method == 'fpn':
+        assert cfg.optim_wrapper.type == 'OptimWrapper' and 'loss_scale' not in cfg.optim_wrapper
+    else:
+        assert cfg.optim_wrapper.type == 'AmpOptimWrapper'
+        assert cfg.optim_wrapper.loss_scale == 512. and cfg.optim_wrapper.get('dtype') in (None, 'float16')
+    assert 'clip_grad' not in cfg.optim_wrapper
+    checkpoint = cfg.default_hooks.checkpoint
+    if config.startswith('detection/'):
+        assert (cfg.train_cfg.type, cfg.train_cfg.val_interval) == ('EpochBasedTrainLoop', 1)
+        assert (checkpoint.interval, checkpoint.get('by_epoch', True), checkpoint.get('save_best')) == (1, True, None)
+    else:
+        interval = 8000 if method == 'upernet' else 4000
+        assert (cfg.train_cfg.type, cfg.train_cfg.val_interval) == ('IterBasedTrainLoop', interval)
+        assert (checkpoint.interval, checkpoint.by_epoch) == (interval, False)
+        assert checkpoint.get('save_best') == ('mIoU' if method == 'upernet' else None)

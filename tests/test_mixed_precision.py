@@ -225,3 +225,51 @@ def test_backbone_backward_under_autocast_reaches_every_parameter(backbones, dty
     for name, param in model.named_parameters():
         assert param.grad is not None, name
         assert torch.isfinite(param.grad).all() and (param.grad != 0).any(), name
+
+
+def test_only_normalisation_statistics_are_averaged_across_processes():
+    from mala_mm.engine.hooks import norm_statistics
+    model = MALA(SMALL_ARCH, norm_cfg=dict(type='BN'))
+    averaged = {id(buffer) for buffer in norm_statistics(model)}
+    names = {name for name, buffer in model.named_buffers() if id(buffer) in averaged}
+    assert names and all(name.endswith(('running_mean', 'running_var')) for name in names)
+    assert not any(name.endswith('RoPE.angle') for name in names)
+    assert len(names) == 2 * sum(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
+
+
+@pytest.mark.parametrize('residual', ['fused', 'unfused'])
+def test_residual_depthwise_conv_keeps_the_residual_stream_in_fp32_under_autocast(residual):
+    from mala_mm.models.layers.blocks import ResidualDWConv
+    conv = ResidualDWConv(8, 3)
+    x = 1 + 1e-3 * torch.randn(1, 8, 6, 6)  # fp16 would round 1 + 1e-3 t to steps of 2^-10
+    if residual == 'fused':
+        assert torch.allclose(conv(x), x + F.conv2d(x, conv.weight, conv.bias, padding=1, groups=8), atol=1e-6)
+        return
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.float16):
+        y = conv(x)
+        delta = F.conv2d(x, conv.weight, conv.bias, padding=1, groups=8)  # in fp16, as autocast runs it
+    assert y.dtype == torch.float32
+    assert torch.equal(y, x + delta)
+
+
+# Stage 0 of a 1333 x 800 COCO image: 200 x 334 tokens, MALA-T's 64 channels in one head.
+STAGE0_TOKENS = (200, 334)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('loss_scale', [512., 2.**16], ids=['release 512', 'dynamic start 2^16'])
+def test_fp16_backward_at_the_paper_size_is_finite(loss_scale):
+    """The backward of one MALA attention under fp16 autocast at the paper's stage-0 size, with the loss scaled
+    as the release's static scaler (512) and as a dynamic scaler starts (2^16): every gradient finite and
+    non-zero. The loss is a random-weighted mean of the output, as a detector's averaged losses are. The powers of
+    two that bring q, k, v to unit size in the fp16 matmuls multiply the gradient entering them by the same
+    factors, the risk this guards against (docs/reliability.md has the scale at which it first overflows)."""
+    torch.manual_seed(0)
+    height, width = STAGE0_TOKENS
+    attention = MALAttention(64, 1)
+    x = torch.randn(1, 64, height, width, requires_grad=True)
+    with torch.autocast('cpu', dtype=torch.float16):
+        y = attention(x, RoPE2d(64).tables(height, width))
+    (feature_loss([y]) * loss_scale).backward()
+    for name, grad in [('input', x.grad), *((n, p.grad) for n, p in attention.named_parameters())]:
+        assert torch.isfinite(grad).all() and (grad != 0).any(), name

@@ -9,9 +9,12 @@
 import glob
 import os
 import os.path as osp
+from typing import List
 
 import numpy as np
 import torch
+from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _NormBase
 from mmengine.dist import all_reduce_params, get_rank, is_distributed, is_main_process
 from mmengine.fileio import LocalBackend
 from mmengine.hooks import CheckpointHook, Hook
@@ -162,8 +165,8 @@ class IterationSeedHook(Hook):
 
 @HOOKS.register_module()
 class SyncNormStatsHook(Hook):
-    """Averages the model's buffers (BatchNorm running statistics) over the processes after every training
-    iteration.
+    """Averages the model's normalisation statistics (:func:`norm_statistics`) over the processes after every
+    training iteration.
 
     Without SyncBN (on CPU, or with plain BN) each process's running statistics follow its own batches. Only
     rank 0's go into a checkpoint, while validation at the end of training runs every process on its own
@@ -178,6 +181,13 @@ class SyncNormStatsHook(Hook):
 
     def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
         if is_distributed():
-            buffers = [b for b in runner.model.buffers() if b.is_floating_point()]
-            if buffers:
-                all_reduce_params(buffers, op='mean')
+            statistics = norm_statistics(runner.model)
+            if statistics:
+                all_reduce_params(statistics, op='mean')
+
+
+def norm_statistics(model: nn.Module) -> List[Tensor]:
+    """The running statistics of ``model``'s BatchNorm and InstanceNorm layers. Other buffers, RoPE's angles
+    among them, are the same on every process and stay untouched: a mean over a ring moves them by rounding."""
+    return [buffer for module in model.modules() if isinstance(module, _NormBase)
+            for buffer in module.buffers(recurse=False) if buffer.is_floating_point()]

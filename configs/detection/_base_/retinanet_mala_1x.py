@@ -5,4 +5,5 @@ _base_ = [
 ]
 
 train_dataloader = dict(batch_size=2)
+# weight decay 1e-4 on every parameter: the release gave RetinaNet no paramwise_cfg
 optim_wrapper = dict(optimizer=dict(weight_decay=1e-4))

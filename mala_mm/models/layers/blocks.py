@@ -64,13 +64,17 @@ class ResidualDWConv(nn.Conv2d):
     """``x + DWConv(x)``, a depth-wise conv (size-preserving, odd kernel) with its input added back.
 
     Computed as one conv whose kernel has 1 added at its centre: one pass over the map instead of a conv and an
-    add. The parameters are those of the plain conv, so the state dict is unchanged.
+    add. The parameters are those of the plain conv, so the state dict is unchanged. Under autocast the conv runs
+    in low precision, and the fused form would round the residual stream ``x`` to it once per block; there the
+    conv and the add stay apart, as released, and the sum keeps x's precision.
     """
 
     def __init__(self, channels: int, kernel_size: int):
         super().__init__(channels, channels, kernel_size, padding=kernel_size // 2, groups=channels)
 
     def forward(self, x: Tensor) -> Tensor:
+        if torch.is_autocast_enabled(x.device.type):
+            return x + super().forward(x)
         centre = self.kernel_size[0] // 2
         identity = torch.zeros_like(self.weight)
         identity[..., centre, centre] = 1
