@@ -1,13 +1,16 @@
 """Render README.md's model-zoo tables from model-index.yml and the metafiles it imports.
 
-Only the text between ``<!-- model-zoo:start -->`` and ``<!-- model-zoo:end -->`` is replaced; one table per
-metafile, one row per entry. Unknown values (null in the metafile) are left as empty cells.
+Only the text between ``<!-- model-zoo:start -->`` and ``<!-- model-zoo:end -->`` is replaced: one table per
+metafile, one row per entry, then a note naming where the paper's numbers come from. Each metric has two
+columns: the paper's (an entry's ``Paper Results``, the target) and this project's (its ``Results``, what a
+training run of the config measured). Unknown values (null in the metafile) are left as empty cells.
 
 Examples:
     python tools/gen_model_zoo.py            # rewrite the tables in README.md
     python tools/gen_model_zoo.py --check    # exit 2 if README.md is not what the metafiles give
 """
 import argparse
+import textwrap
 from pathlib import Path
 from typing import List
 
@@ -17,6 +20,16 @@ from mala_mm.cli import fail, require_file
 
 REPO = Path(__file__).resolve().parents[1]
 START, END = '<!-- model-zoo:start -->', '<!-- model-zoo:end -->'
+
+# Where a ``Paper Results`` entry's numbers come from (its ``Source``): the mark its cells carry in the README and
+# what the note under the tables says of them. A source missing here is refused, as the note could not name it.
+PAPER_SOURCES = {
+    'paper': ('†', "† from the paper's text"),
+    'secondary': ('', 'unmarked: from the `MAViT` entry of the '
+                      '[heedless-backbones](https://github.com/igm503/heedless-backbones) results database, '
+                      'extracted from the paper by a language model and checked against its text, not yet '
+                      "checked here against the paper's PDF"),
+}
 
 
 def load_metafiles(index: Path) -> List[dict]:
@@ -47,22 +60,56 @@ def _row(cells: List[str]) -> str:
     return '|' + '|'.join(f' {cell} ' if cell else ' ' for cell in cells) + '|'
 
 
+def _paper_results(model: dict) -> dict:
+    """The entry's ``Paper Results`` (``Source`` and ``Metrics``), or an empty one when the paper has no row."""
+    paper = model.get('Paper Results')
+    if paper is None:
+        return {'Source': None, 'Metrics': {}}
+    name = model.get('Name', model)
+    if not isinstance(paper, dict) or not isinstance(paper.get('Metrics'), dict):
+        fail(f'metafile entry {name!r}: Paper Results must hold Source and a Metrics mapping')
+    if paper.get('Source') not in PAPER_SOURCES:
+        fail(f'metafile entry {name!r}: Paper Results Source {paper.get("Source")!r} is none of '
+             f'{", ".join(PAPER_SOURCES)}')
+    return paper
+
+
+def _measured_results(model: dict) -> dict:
+    """Metric name to value over all of the entry's ``Results``."""
+    return {name: value for result in model['Results'] for name, value in result['Metrics'].items()}
+
+
+def _metric_names(models: List[dict]) -> List[str]:
+    """Every metric measured or reported for the file's entries, in first-seen order."""
+    names = [name for model in models for name in _measured_results(model)]
+    names += [name for model in models for name in _paper_results(model)['Metrics']]
+    return list(dict.fromkeys(names))
+
+
 def render_table(metafile: dict) -> str:
-    """One Markdown table: config, method, backbone, schedule, params, FLOPs, then every metric of the file."""
+    """One Markdown table: config, method, backbone, schedule, params, FLOPs, then the paper's value of every
+    metric of the file, then the measured value of each, then the weights."""
     models = metafile['Models']
-    results = [result for model in models for result in model.get('Results', [])]
-    metrics = list(dict.fromkeys(name for result in results for name in result['Metrics']))
-    datasets = ', '.join(dict.fromkeys(result['Dataset'] for result in results))
+    try:
+        metrics = _metric_names(models)
+        datasets = ', '.join(dict.fromkeys(result['Dataset'] for model in models for result in model['Results']))
+    except KeyError as err:
+        fail(f'a metafile entry has no {err}')
     header = ['config', 'method', 'backbone', 'schedule', 'params (M)', 'FLOPs (G)', 'of which attention',
-              *metrics, 'weights']
+              *(f'paper {name}' for name in metrics), *(f'measured {name}' for name in metrics), 'weights']
     lines = [f'**{datasets}**', '', _row(header), '|' + '---|' * len(header)]
     for model in models:
         try:
             meta = model['Metadata']
-            values = {name: value for result in model['Results'] for name, value in result['Metrics'].items()}
+            measured = _measured_results(model)
+            paper = _paper_results(model)
+            mark = PAPER_SOURCES[paper['Source']][0] if paper['Source'] else ''
+            paper_cells = [_cell(paper['Metrics'].get(name), '.1f') for name in metrics]
             row = [f'[{model["Name"]}]({model["Config"]})', model['In Collection'], meta['Backbone'],
                    meta['Schedule'], _cell(meta.get('Parameters (M)'), '.2f'), _flops_cell(meta),
-                   _cell(meta.get('Attention FLOPs (G)'), '.1f'), *(_cell(values.get(name)) for name in metrics),
+                   _cell(meta.get('Attention FLOPs (G)'), '.1f'),
+                   *(cell + mark if cell else '' for cell in paper_cells),
+                   *(_cell(measured.get(name), '.1f') for name in metrics),
                    f'[model]({model["Weights"]})' if model.get('Weights') else '']
         except KeyError as err:
             fail(f'metafile entry {model.get("Name", model)!r} has no {err}')
@@ -70,14 +117,24 @@ def render_table(metafile: dict) -> str:
     return '\n'.join(lines)
 
 
+def render_sources_note(metafiles: List[dict]) -> str:
+    """The note under the tables: what each column group holds and where the paper's numbers come from, for
+    the sources the metafiles use."""
+    used = {_paper_results(model)['Source'] for metafile in metafiles for model in metafile['Models']}
+    sources = '; '.join(PAPER_SOURCES[source][1] for source in PAPER_SOURCES if source in used)
+    note = (f"Paper columns: the paper's results, each row's target{f' ({sources})' if sources else ''}. Measured "
+            "columns: this project's own training and testing of the config, empty until the row is trained.")
+    return textwrap.fill(note, width=115, break_long_words=False, break_on_hyphens=False)
+
+
 def render_readme(readme: str, metafiles: List[dict]) -> str:
-    """``readme`` with the text between the markers replaced by the tables."""
+    """``readme`` with the text between the markers replaced by the tables and the note under them."""
     if readme.count(START) != 1 or readme.count(END) != 1 or readme.index(START) > readme.index(END):
         fail(f'the README must contain {START} and, after it, {END}, once each')
     head, rest = readme.split(START)
     _, tail = rest.split(END)
     tables = '\n\n'.join(render_table(metafile) for metafile in metafiles)
-    return f'{head}{START}\n{tables}\n{END}{tail}'
+    return f'{head}{START}\n{tables}\n\n{render_sources_note(metafiles)}\n{END}{tail}'
 
 
 def parse_args():
