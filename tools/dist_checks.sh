@@ -8,22 +8,16 @@ check_config() {
 }
 
 # With CUDA, at most one process per visible GPU; without it the processes run on CPU (gloo), and more
-# processes than cores would only make each one slower, so that is refused as well.
+# processes than cores would only make each one slower, so that is refused as well. Uses the counts
+# check_interpreter found.
 check_process_count() {
     [[ "$1" =~ ^[1-9][0-9]*$ ]] || usage_error "GPUS must be a positive number of processes, got '$1'"
-    "$PYTHON" - "$1" <<'PYCODE'
-import os, sys
-import torch
-wanted = int(sys.argv[1])
-if torch.cuda.is_available():
-    available, what = torch.cuda.device_count(), 'CUDA GPUs'
-else:
-    available, what = len(os.sched_getaffinity(0)), 'CPU cores and no CUDA GPU (on CPU: one process per core at most)'
-if wanted > available:
-    print(f'error: asked for {wanted} processes, but this machine has {available} {what}; '
-          f'pass GPUS <= {available}', file=sys.stderr)
-    sys.exit(2)
-PYCODE
+    local available="$TORCH_GPUS" what="CUDA GPUs"
+    if (( TORCH_GPUS == 0 )); then
+        available="$CPU_CORES" what="CPU cores and no CUDA GPU (on CPU: one process per core at most)"
+    fi
+    (( $1 <= available )) ||
+        usage_error "asked for $1 processes, but this machine has $available $what; pass GPUS <= $available"
 }
 
 # torchrun with the multi-node settings upstream's scripts read from the environment. MAX_RESTARTS > 0: torchrun

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Usage: tools/dist_train.sh CONFIG GPUS [--max-restarts N] [tools/train.py options]
-# Environment: NNODES, NODE_RANK, MASTER_ADDR, PORT (multi-node), PYTHON (interpreter, default: the
-# repository's .venv, else python).
+# Environment: NNODES, NODE_RANK, MASTER_ADDR, PORT (multi-node), PYTHON, MALA_MM_ALLOW_CPU.
+# Interpreter: PYTHON if set, else the active environment's python ($VIRTUAL_ENV, else $CONDA_PREFIX), else the
+# repository's .venv, else python on PATH (tools/find_python.sh). The first line on stderr names it, its torch and
+# CUDA, and why it was chosen. On a machine with NVIDIA GPUs whose chosen torch cannot use them, the launcher
+# stops (exit 2) instead of training on CPU; MALA_MM_ALLOW_CPU=1 runs it on CPU anyway.
 # Without CUDA the GPUS processes train on CPU with the gloo backend.
 # --max-restarts N: when a process dies, torchrun restarts the whole group up to N times, and each start resumes
 # from the latest complete checkpoint in the work dir (train.py --resume), so a killed rank costs the
@@ -13,6 +16,7 @@ source "$TOOLS/dist_checks.sh"
 CONFIG="$1"
 GPUS="$2"
 check_config "$CONFIG"
+check_interpreter
 check_process_count "$GPUS"
 TRAIN_ARGS=()
 RESTARTS=0

@@ -29,6 +29,8 @@ run_logged() {  # $1: log file; the rest: the command
 step "environment (the first run builds mmcv: 15-30 minutes on 2 cores, with a progress line a minute)"
 bash tools/setup_env.sh
 export PYTHON="$PWD/.venv/bin/python"
+# the demo trains on CPU by design, so the launchers accept .venv's CPU torch on a machine with GPUs too
+export MALA_MM_ALLOW_CPU=1
 NPROC="${NPROC:-2}"
 DATA=data/builtin
 IMAGE="$DATA/images/validation/000003.jpg"

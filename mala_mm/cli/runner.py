@@ -36,7 +36,10 @@ def read_config(path: str, options: Optional[dict] = None) -> Config:
     require_file(path, 'config file')
     cfg = Config.fromfile(path)
     if options:
-        cfg.merge_from_dict(options)
+        try:
+            cfg.merge_from_dict(options)
+        except (TypeError, KeyError) as err:  # e.g. a key set under a value that is not a dict
+            fail(f'--cfg-options: {err}')
     return cfg
 
 

@@ -1,0 +1,265 @@
+"""The launchers run what the user runs: the interpreter they choose and why, the line that says so, and their
+refusal to train on CPU on a machine with NVIDIA GPUs; and the shell logic of tools/setup_env.sh.
+
+Every launcher run here stops at a check before torchrun starts (more processes than the machine has, or a
+config whose dataset is missing), so each test takes seconds. The NVIDIA probes are replaced in every run, so
+that the tests behave alike on machines with and without GPUs."""
+import os
+import os.path as osp
+import re
+import shutil
+import subprocess
+import sys
+
+import mmcv
+import pytest
+import torch
+
+from conftest import ROOT, free_port
+
+DET_CONFIG = osp.join(ROOT, 'configs/detection/mask_rcnn_mala_t_builtin.py')
+SEG_CONFIG = osp.join(ROOT, 'configs/segmentation/upernet_mala_t_builtin.py')
+FIRST_LINE = re.compile(r'\[mala_mm\] python: (?P<python>\S+) \(torch (?P<torch>\S+), (?P<cuda>[^)]+)\), '
+                        r'chosen by (?P<reason>.+)')
+
+
+def executable(path, text: str) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+    return str(path)
+
+
+def python_wrapper(path) -> str:
+    """An interpreter at ``path`` that is this test's interpreter, as a venv's bin/python would be."""
+    return executable(path, f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+
+
+def fake_nvidia_smi(path, gpus: int) -> str:
+    listing = ''.join(f'echo "GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i:08d})"\n' for i in range(gpus))
+    return executable(path, f'#!/bin/sh\n{listing}')
+
+
+def launcher_env(tmp_path, **changes) -> dict:
+    """The environment of a new shell: no PYTHON, no active environment, no CPU opt-in, and NVIDIA probes that
+    find no GPU; then ``changes``."""
+    env = {key: value for key, value in os.environ.items()
+           if key not in ('PYTHON', 'VIRTUAL_ENV', 'CONDA_PREFIX', 'MALA_MM_ALLOW_CPU')}
+    env.update(MALA_MM_NVIDIA_SMI='false', MALA_MM_NVIDIA_GPUS_DIR=str(tmp_path / 'no_nvidia_driver'),
+               PORT=free_port())
+    env.update(changes)
+    return env
+
+
+def launch(args, env, cwd, tools=osp.join(ROOT, 'tools')) -> subprocess.CompletedProcess:
+    return subprocess.run(['bash', osp.join(tools, args[0]), *args[1:]], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def more_processes_than_the_machine_has() -> int:
+    if torch.cuda.is_available():
+        return torch.cuda.device_count() + 1
+    return len(os.sched_getaffinity(0)) + 1
+
+
+def refused_for_too_many_processes(tmp_path, env, tools=osp.join(ROOT, 'tools')) -> re.Match:
+    """Run dist_train.sh with more processes than the machine has; returns its first line, parsed."""
+    result = launch(['dist_train.sh', DET_CONFIG, str(more_processes_than_the_machine_has())], env, tmp_path, tools)
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = result.stderr.splitlines()
+    assert 'processes, but this machine has' in lines[-1], result.stderr
+    first = FIRST_LINE.fullmatch(lines[0])
+    assert first, result.stderr
+    return first
+
+
+@pytest.mark.parametrize('variables, chosen, reason', [
+    (('PYTHON', 'VIRTUAL_ENV', 'CONDA_PREFIX'), 'python_variable/python', 'PYTHON'),
+    (('VIRTUAL_ENV', 'CONDA_PREFIX'), 'venv/bin/python', 'the active environment (VIRTUAL_ENV)'),
+    (('CONDA_PREFIX',), 'conda/bin/python', 'the active environment (CONDA_PREFIX)'),
+])
+def test_the_interpreter_the_user_names_or_activates(tmp_path, variables, chosen, reason):
+    python_wrapper(tmp_path / 'python_variable' / 'python')
+    python_wrapper(tmp_path / 'venv' / 'bin' / 'python')
+    python_wrapper(tmp_path / 'conda' / 'bin' / 'python')
+    values = {'PYTHON': str(tmp_path / 'python_variable' / 'python'), 'VIRTUAL_ENV': str(tmp_path / 'venv'),
+              'CONDA_PREFIX': str(tmp_path / 'conda')}
+    first = refused_for_too_many_processes(tmp_path, launcher_env(tmp_path, **{v: values[v] for v in variables}))
+    assert first['python'] == str(tmp_path / chosen)
+    assert first['reason'] == reason
+
+
+def test_the_repository_venv_without_an_active_environment(tmp_path):
+    assert osp.isfile(osp.join(ROOT, '.venv', 'bin', 'python')), 'tools/setup_env.sh makes .venv'
+    first = refused_for_too_many_processes(tmp_path, launcher_env(tmp_path))
+    assert first['python'] == osp.join(ROOT, '.venv', 'bin', 'python')
+    assert first['reason'] == 'the repository .venv, as neither PYTHON nor an active environment names one'
+
+
+def test_python_on_path_in_a_checkout_without_venv(tmp_path):
+    checkout_tools = tmp_path / 'checkout' / 'tools'
+    checkout_tools.mkdir(parents=True)
+    for script in ('find_python.sh', 'dist_checks.sh', 'dist_train.sh'):
+        shutil.copy(osp.join(ROOT, 'tools', script), checkout_tools)
+    on_path = python_wrapper(tmp_path / 'bin' / 'python')
+    env = launcher_env(tmp_path, PATH=f'{tmp_path / "bin"}:{os.environ["PATH"]}')
+    first = refused_for_too_many_processes(tmp_path, env, tools=str(checkout_tools))
+    assert first['python'] == on_path
+    assert first['reason'] == 'PATH, as neither PYTHON, an active environment nor a repository .venv names one'
+
+
+def test_the_first_line_names_the_interpreter_its_torch_and_cuda(tmp_path):
+    first = refused_for_too_many_processes(tmp_path, launcher_env(tmp_path, PYTHON=sys.executable))
+    assert first['python'] == sys.executable and first['torch'] == torch.__version__
+    if torch.version.cuda is None:
+        assert first['cuda'] == 'CUDA: none'
+    else:
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        assert first['cuda'] == f'CUDA {torch.version.cuda}, {gpus} GPU' + ('' if gpus == 1 else 's')
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='this torch can use the GPUs it sees')
+@pytest.mark.parametrize('probe', ['nvidia-smi', '/proc/driver/nvidia/gpus'])
+def test_a_gpu_machine_refuses_a_cpu_torch(tmp_path, probe):
+    if probe == 'nvidia-smi':
+        gpus = dict(MALA_MM_NVIDIA_SMI=fake_nvidia_smi(tmp_path / 'nvidia-smi', gpus=2))
+    else:  # a driver whose nvidia-smi is missing: one folder per GPU
+        for bus in ('0000:17:00.0', '0000:65:00.0'):
+            (tmp_path / 'gpus' / bus).mkdir(parents=True)
+        gpus = dict(MALA_MM_NVIDIA_GPUS_DIR=str(tmp_path / 'gpus'))
+    # one process and a config whose dataset is missing here: past the check, it would start and fail later
+    result = launch(['dist_test.sh', DET_CONFIG, DET_CONFIG, '1'],
+                    launcher_env(tmp_path, PYTHON=sys.executable, **gpus), tmp_path)
+    assert result.returncode == 2, result.stderr[-3000:]
+    first, error = result.stderr.splitlines()
+    assert FIRST_LINE.fullmatch(first)
+    assert error == (f'error: this machine has 2 NVIDIA GPUs, but the chosen python, {sys.executable}, has torch '
+                     f'{torch.__version__}, built without CUDA; activate the environment with a CUDA torch or set '
+                     f'PYTHON to its python (MALA_MM_ALLOW_CPU=1 runs on CPU anyway)')
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='this torch can use the GPUs it sees')
+def test_the_opt_in_runs_a_cpu_torch_on_a_gpu_machine(tmp_path):
+    env = launcher_env(tmp_path, PYTHON=sys.executable, MALA_MM_ALLOW_CPU='1',
+                       MALA_MM_NVIDIA_SMI=fake_nvidia_smi(tmp_path / 'nvidia-smi', gpus=2))
+    result = launch(['dist_train.sh', DET_CONFIG, str(more_processes_than_the_machine_has())], env, tmp_path)
+    # past the GPU check: the process count is then checked against the CPU cores
+    assert result.returncode == 2, result.stderr[-3000:]
+    first, note, error = result.stderr.splitlines()
+    assert FIRST_LINE.fullmatch(first)
+    assert note == '[mala_mm] MALA_MM_ALLOW_CPU=1: running on CPU although this machine has 2 NVIDIA GPUs'
+    assert 'CPU cores and no CUDA GPU' in error
+
+
+def fake_torch_interpreter(path, torch_version: str, cuda: str, gpus: int) -> str:
+    """An interpreter that answers the launchers' question about its torch as a CUDA build would: version, CUDA
+    version, GPUs it can use, CPU cores."""
+    return executable(path, f'#!/bin/sh\necho "{torch_version} {cuda} {gpus} 64"\n')
+
+
+def test_a_cuda_torch_is_shown_with_its_gpus_and_bounds_the_process_count(tmp_path):
+    env = launcher_env(tmp_path, PYTHON=fake_torch_interpreter(tmp_path / 'python', '2.5.1+cu124', '12.4', 8),
+                       MALA_MM_NVIDIA_SMI=fake_nvidia_smi(tmp_path / 'nvidia-smi', gpus=8))
+    result = launch(['dist_train.sh', DET_CONFIG, '9'], env, tmp_path)
+    assert result.returncode == 2
+    first, error = result.stderr.splitlines()
+    assert first == f'[mala_mm] python: {tmp_path / "python"} (torch 2.5.1+cu124, CUDA 12.4, 8 GPUs), chosen by PYTHON'
+    assert error == 'error: asked for 9 processes, but this machine has 8 CUDA GPUs; pass GPUS <= 8'
+
+
+def test_a_cuda_torch_that_sees_no_gpu_is_refused_on_a_gpu_machine(tmp_path):
+    env = launcher_env(tmp_path, PYTHON=fake_torch_interpreter(tmp_path / 'python', '2.5.1+cu124', '12.4', 0),
+                       MALA_MM_NVIDIA_SMI=fake_nvidia_smi(tmp_path / 'nvidia-smi', gpus=1))
+    result = launch(['dist_train.sh', DET_CONFIG, '1'], env, tmp_path)
+    assert result.returncode == 2
+    first, error = result.stderr.splitlines()
+    assert first.endswith('(torch 2.5.1+cu124, CUDA 12.4, 0 GPUs), chosen by PYTHON')
+    assert 'has torch 2.5.1+cu124, built with CUDA 12.4 but sees no GPU' in error
+
+
+@pytest.mark.parametrize('interpreter', ['no torch', 'missing'])
+def test_an_interpreter_that_cannot_run_the_launch_is_one_line(tmp_path, interpreter):
+    if interpreter == 'no torch':
+        python = executable(tmp_path / 'python', '#!/bin/sh\necho "Traceback (most recent call last):" >&2\n'
+                                                 'echo "ModuleNotFoundError: No module named \'torch\'" >&2\nexit 1\n')
+        expected = (f"error: cannot import torch with {python} (chosen by PYTHON): ModuleNotFoundError: No module "
+                    f"named 'torch'; activate the environment that has the stack (docs/get_started.md) or set "
+                    f"PYTHON to its python")
+    else:
+        python = str(tmp_path / 'no_such_python')
+        expected = (f"error: the interpreter '{python}' (chosen by PYTHON) does not exist; set PYTHON to the python "
+                    f"of the environment that has torch and mala_mm")
+    result = launch(['dist_train.sh', DET_CONFIG, '1'], launcher_env(tmp_path, PYTHON=python), tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [expected]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='this torch can use the GPUs it sees')
+def test_slurm_launchers_check_the_interpreter_before_submitting(tmp_path):
+    fake_srun = executable(tmp_path / 'bin' / 'srun', '#!/bin/sh\necho submitted\n')
+    env = launcher_env(tmp_path, PYTHON=sys.executable, PATH=f'{osp.dirname(fake_srun)}:{os.environ["PATH"]}')
+    result = launch(['slurm_train.sh', 'gpu', 'job', DET_CONFIG, 'work'], env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == 'submitted\n'
+    assert any(FIRST_LINE.fullmatch(line) for line in result.stderr.splitlines())
+    env['MALA_MM_NVIDIA_SMI'] = fake_nvidia_smi(tmp_path / 'nvidia-smi', gpus=8)
+    result = launch(['slurm_train.sh', 'gpu', 'job', DET_CONFIG, 'work'], env, tmp_path)
+    assert result.returncode == 2 and result.stdout == ''
+    assert 'error: this machine has 8 NVIDIA GPUs' in result.stderr
+
+
+def test_launchers_run_the_repository_venv_from_a_new_shell(builtin_workspace, tmp_path):
+    """In a new shell (PYTHON unset, no environment active) whose `python` has no torch, dist_train.sh still
+    trains: it takes the repository's .venv, which tools/setup_env.sh made."""
+    assert osp.isfile(osp.join(ROOT, '.venv', 'bin', 'python')), 'tools/setup_env.sh makes .venv'
+    executable(tmp_path / 'bin' / 'python', '#!/bin/sh\necho "ModuleNotFoundError: No module named \'torch\'" >&2\n'
+                                            'exit 1\n')
+    env = launcher_env(tmp_path, PATH=f'{tmp_path / "bin"}:{os.environ["PATH"]}')
+    result = launch(['dist_train.sh', SEG_CONFIG, '1', '--work-dir', str(tmp_path / 'work'),
+                     '--cfg-options', 'train_cfg.max_iters=1', 'param_scheduler=None',
+                     'default_hooks.checkpoint.interval=1', 'val_cfg=None', 'val_dataloader=None',
+                     'val_evaluator=None'], env, builtin_workspace)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / 'work' / 'iter_1.pth').is_file()
+
+
+# tools/setup_env.sh, sourced: its functions without the installation
+
+
+def setup_env_function(call: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(['bash', '-c', f'source "{ROOT}/tools/setup_env.sh" && {call}', 'setup_env', *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_build_progress_counts_ninja_lines_as_pip_indents_them(tmp_path):
+    build_log = tmp_path / 'build.log'
+    build_log.write_text(
+        'Collecting mmcv==2.1.0\n'
+        '  Running command python setup.py bdist_wheel\n'
+        '  running build_ext\n'
+        '  [11/77] c++ -MMD -MF build/temp.linux-x86_64-cpython-311/mmcv/ops/csrc/pytorch/nms.o.d -c nms.cpp\n'
+        '  [12/77] /usr/local/cuda/bin/nvcc --generate-dependencies-with-compile -c roi_align_cuda.cu\n'
+        '  [13/77] c++ -MMD -MF build/temp.linux-x86_64-cpython-311/mmcv/ops/csrc/pytorch/info.o.d -c info.cpp\n'
+        '  In file included from /usr/include/c++/12/bits/stl_algo.h:61,\n'
+        '  note: parameter passing for argument of type [2/3] changed\n')
+    result = setup_env_function('build_progress "$1" 4', str(build_log))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == 'building mmcv: 4 min, files compiled: 13/77\n'
+    build_log.write_text('Collecting mmcv==2.1.0\n  Running command python setup.py bdist_wheel\n')
+    assert setup_env_function('build_progress "$1" 1', str(build_log)).stdout.endswith('files compiled: none yet\n')
+
+
+def test_mmcv_wheels_are_cached_per_build():
+    cpu = setup_env_function('mmcv_build_name 2.13.0+cpu cpu none cp311').stdout.strip()
+    cuda = setup_env_function('mmcv_build_name 2.5.1+cu124 12.4 8.0_9.0 cp311').stdout.strip()
+    assert cpu == 'mmcv2.1.0-torch2.13.0+cpu-cpu-cp311'
+    assert cuda == 'mmcv2.1.0-torch2.5.1+cu124-cuda12.4-sm8.0_9.0-cp311'
+
+
+def test_mmcv_works_runs_the_compiled_nms():
+    """This stack's mmcv passes; one of another version is named as such."""
+    result = setup_env_function('PY="$1" && mmcv_works', sys.executable)
+    assert (result.returncode, result.stdout) == (0, ''), result.stdout + result.stderr
+    result = setup_env_function('PY="$1" && MMCV_VERSION=9.9.9 && mmcv_works', sys.executable)
+    assert result.returncode == 1
+    assert result.stdout == f'AssertionError: mmcv {mmcv.__version__} is installed, not 9.9.9\n'
