@@ -91,12 +91,23 @@ def import_tool(path: str):
     return module
 
 
+# The tools' runs in these tests are CPU runs, on a GPU host too: bit-identical resume and two-node weights hold
+# on CPU only (CUDA's flash attention and RoIAlign backward add with atomics, in varying order; cuBLAS refuses
+# deterministic mode without CUBLAS_WORKSPACE_CONFIG), and two-process runs would need two GPUs.
+CPU_ONLY = dict(CUDA_VISIBLE_DEVICES='', MALA_MM_ALLOW_CPU='1')
+
+
+def tool_env(**env) -> dict:
+    """The environment of a tool run: this interpreter, on CPU, a free port for distributed runs."""
+    return {**os.environ, 'PYTHON': sys.executable, 'PORT': free_port(), **CPU_ONLY, **env}
+
+
 def run_tool(args, cwd, timeout=1800, **env) -> subprocess.CompletedProcess:
     """Run ``tools/<args[0]>`` as a user would: ``.py`` tools with this interpreter, ``.sh`` ones with PYTHON set
     to it; distributed runs get a free port."""
     tool = os.path.join(ROOT, 'tools', args[0])
     command = [sys.executable, tool, *args[1:]] if tool.endswith('.py') else ['bash', tool, *args[1:]]
-    env = dict(os.environ, PYTHON=sys.executable, PORT=free_port(), **env)
+    env = tool_env(**env)
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 

@@ -124,3 +124,18 @@ def test_attention_modules_work_on_their_own(module_cls):
 def test_attention_rejects_bad_head_layout(channels, heads, message):
     with pytest.raises(ValueError, match=message):
         MALAttention(channels, heads)
+
+
+def test_rope_tables_keep_the_recently_used_sizes_within_the_memory_bound(monkeypatch):
+    rope = RoPE2d(16)
+    one_size = 2 * 8 * 8 * 16 * 4  # cos and sin of 64 tokens x 16 dims in fp32
+    monkeypatch.setattr(RoPE2d, 'CACHE_BYTES', 3 * one_size)
+    first = rope.tables(8, 8)
+    rope.tables(4, 16)
+    rope.tables(16, 4)
+    assert rope.tables(8, 8) is first  # a hit moves the size to the back of the queue
+    rope.tables(2, 32)  # over the bound: the least recently used size, (4, 16), goes
+    assert [key[:2] for key in rope._tables] == [(16, 4), (8, 8), (2, 32)]
+    assert rope.cached_bytes() == 3 * one_size
+    assert rope.tables(64, 64).cos.shape == (64 * 64, 16)  # larger than the bound: computed, not kept
+    assert rope.cached_bytes() <= RoPE2d.CACHE_BYTES

@@ -11,10 +11,11 @@ import sys
 import pytest
 import torch
 
-from conftest import DATA_DIR, ROOT, config_with_hooks, free_port, run_tool
+from conftest import DATA_DIR, ROOT, config_with_hooks, free_port, run_tool, tool_env
 from mala_mm.checkpoint import safe_load
 
 CONFIG = osp.join(DATA_DIR, 'upernet_mala_narrow_64px_builtin.py')
+HOOKS_DIR = osp.dirname(__file__)  # where the child runs import fault_injection from
 ITERS, INTERVAL = 12, 4
 
 pytestmark = pytest.mark.slow
@@ -27,13 +28,9 @@ def schedule(*extra):
             'randomness.deterministic=True', *extra]
 
 
-def tool_env(**env):
-    return dict(os.environ, PYTHON=sys.executable, PYTHONPATH=osp.dirname(__file__), **env)
-
-
 def run_ok(args, cwd, **env):
     result = subprocess.run(['bash', osp.join(ROOT, 'tools', args[0]), *args[1:]], cwd=cwd,
-                            env=tool_env(PORT=free_port(), **env), capture_output=True, text=True, timeout=1800)
+                            env=tool_env(PYTHONPATH=HOOKS_DIR, **env), capture_output=True, text=True, timeout=1800)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     return output
@@ -45,7 +42,8 @@ def run_two_nodes(args, cwd):
     # torchrun gives each process one thread only when it starts several per node; one thread here too keeps
     # every convolution's reduction order, and so the weights, those of the one-node run
     nodes = [subprocess.Popen(['bash', osp.join(ROOT, 'tools', args[0]), *args[1:]], cwd=cwd,
-                              env=tool_env(NNODES='2', NODE_RANK=str(rank), MASTER_ADDR='127.0.0.1', PORT=port,
+                              env=tool_env(PYTHONPATH=HOOKS_DIR, NNODES='2', NODE_RANK=str(rank),
+                                           MASTER_ADDR='127.0.0.1', PORT=port,
                                            OMP_NUM_THREADS='1'),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for rank in (0, 1)]
@@ -158,7 +156,7 @@ def test_two_process_segmentation_test_exits_cleanly_every_time(builtin_workspac
         for attempt in range(STRESS_RUNS):
             result = subprocess.run(['bash', osp.join(ROOT, 'tools/dist_test.sh'), watched, str(checkpoint),
                                      '2', '--work-dir', str(tmp_path / 'work')], cwd=builtin_workspace,
-                                    env=tool_env(PORT=free_port()), capture_output=True, text=True, timeout=600)
+                                    env=tool_env(PYTHONPATH=HOOKS_DIR), capture_output=True, text=True, timeout=600)
             output = result.stdout + result.stderr
             threads = [(tmp_path / f'threads_rank{rank}.txt').read_text().split() for rank in (0, 1)
                        if (tmp_path / f'threads_rank{rank}.txt').exists()]

@@ -1,5 +1,6 @@
 """Two-dimensional rotary position embedding (RoPE) as MALA uses it."""
-from typing import Dict, NamedTuple
+from collections import OrderedDict
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -45,6 +46,10 @@ class RoPE2d(nn.Module):
         head_dims: d, the per-head width; a multiple of 4.
     """
 
+    # per stage: a 1333 x 800 image's stage-0 tables (66,800 tokens x 64 dims, cos and sin, fp32) take 34 MB, so
+    # stage 0 keeps its latest size at the paper's scales, and a model at most 4 x 64 MiB
+    CACHE_BYTES = 64 * 2**20
+
     def __init__(self, head_dims: int):
         super().__init__()
         if head_dims % 4:
@@ -53,8 +58,9 @@ class RoPE2d(nn.Module):
         theta = 1.0 / (10000 ** torch.linspace(0, 1, num_freqs))
         self.register_buffer('angle', theta.repeat_interleave(2))
         # Tables depend only on (H, W, device, dtype) and `angle`; feature maps of a stage keep their size
-        # through a forward pass and often across passes, so each size is computed once.
-        self._tables: Dict[tuple, RotaryTables] = {}
+        # through a forward pass and often across passes (most COCO images resize to the same few shapes), so
+        # the sizes seen most recently are kept, least recently used first out, up to CACHE_BYTES.
+        self._tables: 'OrderedDict[tuple, RotaryTables]' = OrderedDict()
 
     @property
     def head_dims(self) -> int:
@@ -68,11 +74,17 @@ class RoPE2d(nn.Module):
             # a traced or exported graph computes them from its input's size, which may differ from the example's
             return self._compute(height, width, dtype)
         key = (height, width, self.angle.device, dtype)
-        if key not in self._tables:
-            if len(self._tables) >= 8:  # bounded: multi-scale training sees many sizes
-                self._tables.pop(next(iter(self._tables)))
-            self._tables[key] = self._compute(height, width, dtype)
-        return self._tables[key]
+        if key in self._tables:
+            self._tables.move_to_end(key)
+            return self._tables[key]
+        tables = self._compute(height, width, dtype)
+        self._tables[key] = tables
+        while self.cached_bytes() > self.CACHE_BYTES:
+            self._tables.popitem(last=False)
+        return tables
+
+    def cached_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for pair in self._tables.values() for t in pair)
 
     def _compute(self, height, width, dtype: torch.dtype) -> RotaryTables:
         angle = self.angle.to(dtype)
