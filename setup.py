@@ -9,7 +9,7 @@ setup(
     packages=find_packages(include=['mala_mm', 'mala_mm.*']),
     python_requires='>=3.9',
     install_requires=[
-        'torch>=2.0',
+        'torch>=2.6',  # checkpoints load through safe_globals with (callable, name) entries
         'mmengine>=0.10.0,<1.0',
         # mmdet 3.3 and mmseg 1.2 assert mmcv < 2.2.0; mmcv is installed first, with its compiled ops,
         # by tools/setup_env.sh (it has no binary wheels on PyPI).

@@ -161,8 +161,9 @@ def _why_unreadable(filename: str, path: str, err: Exception) -> str:
     allowed = _allowed_globals()
     refused = [name for stream in _pickle_streams(path) for name in pickle_globals(stream) if name not in allowed]
     refused = list(dict.fromkeys(refused))
-    own_refusal = next((line.strip()[len('refused: '):] for line in str(err).splitlines()
-                        if line.strip().startswith('refused: ')), None)
+    # torch 2.9 and later put the unpickler's message on a line of its own; 2.6 to 2.8 after their own words
+    own_refusal = next((line.split('refused: ', 1)[1].strip() for line in str(err).splitlines()
+                        if 'refused: ' in line), None)
     if refused or own_refusal:
         # posix.system is how os.system pickles on Linux (nt.system on Windows)
         what = ', '.join(f'{name} (os.{name.split(".", 1)[1]})' if name.startswith(('posix.', 'nt.')) else name
