@@ -19,12 +19,14 @@ def sync_bn_to_bn(node) -> int:
 
 
 def fit_optim_wrapper_to_device(optim_wrapper: dict, amp: bool, cuda: bool) -> Optional[str]:
-    """Set ``optim_wrapper`` (in place) to the mixed precision the device runs: with ``amp``, fp16 with a dynamic
-    loss scale on CUDA and bfloat16 on CPU (which needs no loss scale). Without CUDA a config's own fp16
+    """Set ``optim_wrapper`` (in place) to the mixed precision the device runs: with ``amp``, fp16 on CUDA (a
+    config's own ``AmpOptimWrapper`` keeps its loss scale, the paper configs' static 512; any other wrapper gets a
+    dynamic one) and bfloat16 on CPU (which needs no loss scale). Without CUDA a config's own fp16
     ``AmpOptimWrapper`` becomes fp32 training: fp16 autocast needs CUDA, and mmcv's CPU ops (nms) do not take
     bfloat16 either. Returns a line saying so in that case, else None."""
     if amp and cuda:
-        optim_wrapper.update(type='AmpOptimWrapper', loss_scale='dynamic')
+        if optim_wrapper.get('type') != 'AmpOptimWrapper':
+            optim_wrapper.update(type='AmpOptimWrapper', loss_scale='dynamic')
         return None
     if cuda or not (amp or optim_wrapper.get('type') == 'AmpOptimWrapper'):
         return None

@@ -20,7 +20,8 @@ def parse_args():
         '--resume', nargs='?', const='auto',
         help='resume from CHECKPOINT, or, without one, from the latest checkpoint in the work dir')
     parser.add_argument('--amp', action='store_true',
-                        help='mixed precision: fp16 with a dynamic loss scale on CUDA, bfloat16 on CPU')
+                        help='mixed precision: fp16 on CUDA (a dynamic loss scale unless the config has its own '
+                        'AmpOptimWrapper), bfloat16 on CPU')
     parser.add_argument('--auto-scale-lr', action='store_true',
                         help="scale the lr by the total batch size over the config's auto_scale_lr.base_batch_size")
     return parser.parse_args()
