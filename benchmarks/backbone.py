@@ -1,9 +1,10 @@
 """The backbone: images/s and peak memory of every variant at the dense-prediction input sizes.
 
-Compares this implementation with a straightforward implementation of the spec (same weights,
-straightforward.py) and with mmdet's Swin-T, in eval and in a train step (forward + backward), and measures how
-the cost grows with the number of pixels when every stage uses MALA. Writes results/<device>/backbone.{md,json}
-and backbone_scaling.png.
+Compares this implementation with the explicit reference of the spec (same weights; ``mala_mm.reference`` with
+MALA in the release's linear order, softmax through its N x N matrix, RoPE tables rebuilt in every block, NCHW;
+tests/test_reference.py checks it against the release's outputs) and with mmdet's Swin-T, in eval and in a train
+step (forward + backward), and measures how the cost grows with the number of pixels when every stage uses MALA.
+Writes results/<device>/backbone.{md,json} and backbone_scaling.png.
 
     python benchmarks/backbone.py [--device cuda] [--variants tiny small base large] [--compile]
 """
@@ -14,7 +15,7 @@ import torch
 
 from common import exact_fp32, markdown_table, peak_mib, time_ms, write_results
 from mala_mm import MALA
-from straightforward import straightforward_copy
+from mala_mm.reference import reference_backbone
 
 SIZES = {'1280x800': (800, 1280), '512x2048': (512, 2048)}
 
@@ -51,7 +52,7 @@ def compare(args, device, dtype):
     for variant in args.variants:
         ours = MALA(arch=variant).to(device)
         ours.init_weights()
-        baseline = straightforward_copy(ours)
+        baseline = reference_backbone(ours, mala_order='release')  # N x N MALA would not fit at these sizes
         check = torch.randn(1, 3, 64, 96, device=device)
         with torch.no_grad(), exact_fp32():  # the baseline must compute the same function
             for a, b in zip(ours.eval()(check), baseline.eval()(check)):

@@ -1,5 +1,5 @@
 """MALA under bf16 and fp16 autocast: the attention against its explicit N x N form in fp64
-(``attention_oracle``), the backbone against fp32.
+(``mala_mm.reference``), the backbone against fp32.
 
 An error is the largest absolute deviation over the largest absolute value of the reference, and a tolerance is
 a multiple of the format's machine epsilon (bf16 2^-7, fp16 2^-10). The error is normalised by the tensor's
@@ -16,9 +16,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attention_oracle import explicit_mala_attention
 from conftest import SMALL_ARCH, feature_loss
-from mala_mm import MALA
+from mala_mm import MALA, reference
 from mala_mm.models.layers import MALAttention, RoPE2d, mala_attention
 
 LOW_PRECISIONS = [torch.bfloat16, torch.float16]
@@ -57,6 +56,12 @@ def constant_tokens(x):
     return x[..., :1, :].expand_as(x)
 
 
+def exact_mala_attention(q, k, v, height, width):
+    """The explicit N x N formula in fp64 on the values of q, k, v as given (rounded to low precision or not)."""
+    angles = reference.rope_angles(reference.rope_frequencies(q.shape[-1], torch.float64), height, width)
+    return reference.mala_attention(q.double(), k.double(), v.double(), angles)
+
+
 # Each builds q, k, v in fp32, the map size and the tolerance in machine epsilons.
 ATTENTION_CASES = {
     'random': lambda: (randn(), randn(), randn(), (H, W), GENERAL),
@@ -90,12 +95,11 @@ def test_mala_attention_in_low_precision_matches_exact_formula(dtype, case):
     q, k, v, (height, width), epsilons = ATTENTION_CASES[case]()
     q, k, v = (t.to(dtype) for t in (q, k, v))  # as autocast's projections hand them over
     # the exact formula on the same rounded inputs: the tolerance measures the arithmetic alone
-    rope = RoPE2d(q.shape[-1])
-    reference = explicit_mala_attention(q, k, v, copy.deepcopy(rope).double().tables(height, width, torch.float64))
+    exact = exact_mala_attention(q, k, v, height, width)
     with torch.autocast('cpu', dtype=dtype):
-        low = mala_attention(q, k, v, rope.tables(height, width, dtype))
+        low = mala_attention(q, k, v, RoPE2d(q.shape[-1]).tables(height, width, dtype))
     assert low.dtype == dtype and torch.isfinite(low).all()
-    assert relative_error(low, reference) < tolerance(dtype, epsilons)
+    assert relative_error(low, exact) < tolerance(dtype, epsilons)
 
 
 @pytest.mark.parametrize('dtype', LOW_PRECISIONS, ids=NAMES.get)
@@ -109,13 +113,12 @@ def test_mala_attention_of_all_zero_inputs_is_exactly_zero(dtype):
 def test_fp16_autocast_keeps_outputs_beyond_fp16_range_accurate_in_fp32():
     # fp32 inputs keep the output in fp32; the fp16 matmuls in between see operands of unit scale
     q, k, v = (1e4 * randn() for _ in range(3))
-    rope = RoPE2d(D)
-    reference = explicit_mala_attention(q, k, v, copy.deepcopy(rope).double().tables(H, W, torch.float64))
-    assert reference.abs().max() > 1e3 * FP16_MAX
+    exact = exact_mala_attention(q, k, v, H, W)
+    assert exact.abs().max() > 1e3 * FP16_MAX
     with torch.autocast('cpu', dtype=torch.float16):
-        low = mala_attention(q, k, v, rope.tables(H, W, torch.float16))
+        low = mala_attention(q, k, v, RoPE2d(D).tables(H, W, torch.float16))
     assert low.dtype == torch.float32
-    assert relative_error(low, reference) < tolerance(torch.float16, GENERAL)
+    assert relative_error(low, exact) < tolerance(torch.float16, GENERAL)
 
 
 @pytest.mark.parametrize('case', ['random', 'q, k, v x 1e-4', 'q near -12', 'q in [-30, 0]'])
@@ -123,18 +126,17 @@ def test_fp16_autocast_keeps_outputs_beyond_fp16_range_accurate_in_fp32():
 def test_mala_attention_gradients_in_low_precision_match_exact_formula(dtype, case):
     # d beta / d z = -1 / z^2 is ~1e10 for queries near -12: the gradient must pass through it in fp32
     q, k, v, (height, width), epsilons = ATTENTION_CASES[case]()
-    rope = RoPE2d(D)
     weights = randn()
     low_inputs = [t.to(dtype).requires_grad_() for t in (q, k, v)]
     exact_inputs = [t.detach().double().requires_grad_() for t in low_inputs]
     with torch.autocast('cpu', dtype=dtype):
-        low = mala_attention(*low_inputs, rope.tables(height, width, dtype))
+        low = mala_attention(*low_inputs, RoPE2d(D).tables(height, width, dtype))
     (low.float() * weights).sum().backward()
-    exact = explicit_mala_attention(*exact_inputs, copy.deepcopy(rope).double().tables(height, width, torch.float64))
+    exact = exact_mala_attention(*exact_inputs, height, width)
     (exact * weights.double()).sum().backward()
-    for ours, reference in zip(low_inputs, exact_inputs):
+    for ours, exact_input in zip(low_inputs, exact_inputs):
         assert torch.isfinite(ours.grad).all()
-        assert relative_error(ours.grad, reference.grad) < tolerance(dtype, epsilons)
+        assert relative_error(ours.grad, exact_input.grad) < tolerance(dtype, epsilons)
 
 
 # The module's output grows as the cube of its input (q, k and v are each linear in it).
@@ -154,14 +156,14 @@ def test_mala_attention_module_under_autocast_matches_fp64(dtype, case):
     channels, heads = 32, 2
     attn = MALAttention(channels, heads)
     x = MODULE_INPUTS[case](torch.randn(2, channels, 9, 11))
-    exact = copy.deepcopy(attn).double()
-    exact.attend = explicit_mala_attention  # the module's projections around the explicit formula
+    frequencies = reference.rope_frequencies(channels // heads, torch.float64)
     with torch.no_grad():
-        reference = exact(x.double(), RoPE2d(channels // heads).double().tables(9, 11, torch.float64))
+        # the reference's skeleton and explicit formula on the module's weights, in fp64
+        exact = reference.gated_attention(copy.deepcopy(attn).double(), x.double(), frequencies)
         with torch.autocast('cpu', dtype=dtype):
             low = attn(x, RoPE2d(channels // heads).tables(9, 11))
     assert low.dtype == dtype and torch.isfinite(low).all()
-    assert relative_error(low, reference) < tolerance(dtype, UNIFORM)
+    assert relative_error(low, exact) < tolerance(dtype, UNIFORM)
 
 
 IMAGE_SIZE = 48  # the last stage still sees 2 x 2 tokens
