@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from attention_oracle import explicit_mala_scores, phi
+from mala_mm import reference
 from mala_mm.models.layers import (MALAttention, RoPE2d, SoftmaxAttention, apply_rope, linear_attention,
                                    mala_attention, softmax_attention)
 
@@ -31,18 +31,24 @@ def rope():
     return RoPE2d(D).double().tables(H, W, dtype=torch.float64)
 
 
+@pytest.fixture
+def reference_angles():
+    """The reference's own RoPE angles of the same map, independent of RoPE2d."""
+    return reference.rope_angles(reference.rope_frequencies(D, torch.float64), H, W)
+
+
 @pytest.mark.parametrize('with_rope', [False, True])
-def test_linear_time_mala_equals_explicit_score_matrix(qkv, rope, with_rope):
+def test_linear_time_mala_equals_explicit_score_matrix(qkv, rope, reference_angles, with_rope):
     q, k, v = qkv
-    rope = rope if with_rope else None
-    explicit = explicit_mala_scores(q, k, rope) @ v
+    rope, angles = (rope, reference_angles) if with_rope else (None, None)
+    explicit = reference.mala_scores(q, k, angles) @ v
     torch.testing.assert_close(mala_attention(q, k, v, rope), explicit, rtol=1e-10, atol=1e-10)
 
 
 def test_mala_rows_sum_to_one_without_rope(qkv):
     q, k, _ = qkv
     scores = scores_of(mala_attention, q, k)
-    torch.testing.assert_close(scores, explicit_mala_scores(q, k), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(scores, reference.mala_scores(q, k), rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(scores.sum(-1), torch.ones(B, HEADS, N, dtype=torch.float64), rtol=0, atol=1e-5)
 
 
@@ -57,7 +63,7 @@ def test_scaling_phi_q_sharpens_mala_but_not_linear_attention(qkv):
     q, k, _ = qkv
     maxima, spreads, linear_rows = [], [], []
     for factor in (0.5, 1.0, 2.0, 4.0):
-        scaled_q = phi_inverse(factor * phi(q))
+        scaled_q = phi_inverse(factor * reference.phi(q))
         scores = scores_of(mala_attention, scaled_q, k)
         torch.testing.assert_close(scores.sum(-1), torch.ones_like(scores[..., 0]), rtol=0, atol=1e-5)
         maxima.append(scores.max(-1).values)
@@ -124,6 +130,11 @@ def test_attention_modules_work_on_their_own(module_cls):
 def test_attention_rejects_bad_head_layout(channels, heads, message):
     with pytest.raises(ValueError, match=message):
         MALAttention(channels, heads)
+
+
+def test_rope_rejects_a_head_width_not_a_multiple_of_4():
+    with pytest.raises(ValueError, match='RoPE2d: the head width 6 must be a multiple of 4 for 2-D RoPE'):
+        RoPE2d(6)
 
 
 def test_rope_tables_keep_the_recently_used_sizes_within_the_memory_bound(monkeypatch):

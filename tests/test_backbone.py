@@ -1,7 +1,10 @@
 """The MALA backbone: fidelity to the release, variants, registries, shapes, gradients and freezing."""
+import ast
 import copy
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -59,6 +62,24 @@ def test_config_with_custom_imports_builds_in_both_libraries(tmp_path):
         registry = __import__(f'{scope}.registry', fromlist=['MODELS']).MODELS
         model = registry.build(cfg.backbone)
         assert model.attn_types == ['mala'] * 4
+
+
+def test_importing_the_package_loads_the_model_and_its_weight_loading_only():
+    """``import mala_mm`` is what a config with the backbone imports: MALA, registered in both libraries, and the
+    loading of weights. Not the training hooks, the datasets' parts, the command-line parts or export, nor mmdet's
+    and mmseg's model packages (every detector, segmentor and head), which they import when they build."""
+    code = ('import sys, mala_mm; from mmdet.registry import MODELS as det; from mmseg.registry import MODELS as seg\n'
+            "print(sorted(m for m in sys.modules if m.startswith(('mala_mm', 'mmdet.models', 'mmseg.models'))))\n"
+            "print(det.module_dict['MALA'] is seg.module_dict['MALA'] is mala_mm.MALA)")
+    result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    modules, registered = result.stdout.strip().splitlines()[-2:]
+    modules = ast.literal_eval(modules)
+    assert registered == 'True'
+    assert 'mala_mm.models.backbones.mala' in modules
+    beyond_the_model = [m for m in modules if not m.startswith('mala_mm.models')
+                        and m not in ('mala_mm', 'mala_mm.checkpoint', 'mala_mm.registry')]
+    assert beyond_the_model == []
 
 
 @pytest.mark.parametrize('size', [(37, 53), (1, 1), (64, 33), (129, 200)])

@@ -1,6 +1,4 @@
 # What every paper config's MALA backbone shares; a leaf config adds its variant from ./mala_{t,s,b,l}.py.
-custom_imports = dict(imports=['mala_mm'], allow_failed_imports=False)
-
 mala_backbone = dict(
     _delete_=True,  # replaces the ResNet of the mmdet/mmseg model config it goes into
     type='MALA',

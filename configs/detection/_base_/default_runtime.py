@@ -1,6 +1,4 @@
-_base_ = 'mmdet::_base_/default_runtime.py'
+_base_ = ['mmdet::_base_/default_runtime.py', '../../_base_/mala_runtime.py']
 
-# checkpoints are written whole or not at all, random draws repeat on resume, and every rank's norm statistics
-# are the saved model's (mala_mm.engine.hooks)
+# checkpoints are written whole or not at all (mala_mm.engine.hooks)
 default_hooks = dict(checkpoint=dict(type='AtomicCheckpointHook'))
-custom_hooks = [dict(type='IterationSeedHook'), dict(type='SyncNormStatsHook')]

@@ -1,4 +1,2 @@
-_base_ = 'mmseg::_base_/default_runtime.py'
-
-# random draws repeat on resume, and every rank's norm statistics are the saved model's (mala_mm.engine.hooks)
-custom_hooks = [dict(type='IterationSeedHook'), dict(type='SyncNormStatsHook')]
+# mmseg's runtime with this project's imports and hooks; in mmseg the schedule sets the default hooks
+_base_ = ['mmseg::_base_/default_runtime.py', '../../_base_/mala_runtime.py']

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...checkpoint import load_backbone_weights
-from ..layers import ATTENTION_KINDS, ConvStem, LayerNorm2d, MALAStage
+from ..layers import ATTENTION_KINDS, ConvStem, LayerNorm2d, MALAStage, rope_head_dims
 
 
 class MALAConfigError(ValueError):
@@ -141,11 +141,7 @@ class MALA(BaseModule):
             raise MALAConfigError(
                 f'MALA: layer_scale_init needs one entry per stage, got {arch["layer_scale_init"]}')
         for stage, (channels, heads) in enumerate(zip(arch['embed_dims'], arch['num_heads'])):
-            if channels % heads:
-                raise MALAConfigError(f'MALA: in stage {stage}, {heads} heads do not divide {channels} channels')
-            if (channels // heads) % 4:
-                raise MALAConfigError(f'MALA: in stage {stage}, the head width {channels // heads} ({channels} '
-                                      f'channels / {heads} heads) must be a multiple of 4 for 2-D RoPE')
+            rope_head_dims(channels, heads, f'MALA: in stage {stage}, ', MALAConfigError)
         return arch
 
     def init_weights(self):

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .rope import RotaryTables, apply_rope
+from .rope import RotaryTables, apply_rope, rope_head_dims
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -148,11 +148,7 @@ class GatedAttention(nn.Module):
 
     def __init__(self, embed_dims: int, num_heads: int):
         super().__init__()
-        if embed_dims % num_heads:
-            raise ValueError(f'{type(self).__name__}: {num_heads} heads do not divide {embed_dims} channels')
-        if (embed_dims // num_heads) % 4:
-            raise ValueError(f'{type(self).__name__}: head width {embed_dims // num_heads} '
-                             f'({embed_dims} channels / {num_heads} heads) must be a multiple of 4 for 2-D RoPE')
+        rope_head_dims(embed_dims, num_heads, f'{type(self).__name__}: ')
         self.num_heads = num_heads
         self.qkvo = QKVOProjection(embed_dims)
         self.lepe = nn.Conv2d(embed_dims, embed_dims, 5, padding=2, groups=embed_dims)

@@ -1,9 +1,27 @@
 """Two-dimensional rotary position embedding (RoPE) as MALA uses it."""
 from collections import OrderedDict
-from typing import NamedTuple
+from typing import NamedTuple, Type
 
 import torch
 from torch import Tensor, nn
+
+
+def rope_head_dims(embed_dims: int, num_heads: int, where: str, error: Type[ValueError] = ValueError) -> int:
+    """The width of each of ``num_heads`` heads over ``embed_dims`` channels, checked to suit 2-D RoPE.
+
+    The heads must divide the channels, and a head must be a multiple of 4 wide: :class:`RoPE2d` gives half of a
+    head's channels to the token's row and half to its column, each half in channel pairs that share an angle.
+
+    Raises:
+        error: where either does not hold; its message begins with ``where`` (e.g. ``'MALA: in stage 2, '``).
+    """
+    if embed_dims % num_heads:
+        raise error(f'{where}{num_heads} heads do not divide {embed_dims} channels')
+    head_dims = embed_dims // num_heads
+    if head_dims % 4:
+        split = f' ({embed_dims} channels / {num_heads} heads)' if num_heads > 1 else ''
+        raise error(f'{where}the head width {head_dims}{split} must be a multiple of 4 for 2-D RoPE')
+    return head_dims
 
 
 class RotaryTables(NamedTuple):
@@ -52,9 +70,7 @@ class RoPE2d(nn.Module):
 
     def __init__(self, head_dims: int):
         super().__init__()
-        if head_dims % 4:
-            raise ValueError(f'RoPE2d needs a head width divisible by 4, got {head_dims}')
-        num_freqs = head_dims // 4
+        num_freqs = rope_head_dims(head_dims, 1, 'RoPE2d: ') // 4
         theta = 1.0 / (10000 ** torch.linspace(0, 1, num_freqs))
         self.register_buffer('angle', theta.repeat_interleave(2))
         # Tables depend only on (H, W, device, dtype) and `angle`; feature maps of a stage keep their size

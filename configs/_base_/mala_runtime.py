@@ -1,0 +1,7 @@
+# What every config here runs with, detection and segmentation, paper and built-in: the modules that register the
+# types the configs name (mala_mm: the MALA backbone; mala_mm.engine: the hooks below, AtomicCheckpointHook and
+# the CPU mixed-precision optim wrapper that tools/train.py --amp picks on CPU), so that mmdet's and mmseg's own
+# tools run them too; and the hooks with which random draws repeat on resume and every rank's norm statistics are
+# the saved model's (mala_mm.engine.hooks).
+custom_imports = dict(imports=['mala_mm', 'mala_mm.engine'], allow_failed_imports=False)
+custom_hooks = [dict(type='IterationSeedHook'), dict(type='SyncNormStatsHook')]
