@@ -12,23 +12,29 @@ import subprocess
 import sys
 import tempfile
 
+# run with the revision's tree as its working directory and PYTHONPATH: both come before the installed package on
+# the child's sys.path ('' of ``python -c`` first), so the child imports the revision's mala_mm
 CHILD = '''
 import sys, time, torch
-sys.path.insert(0, sys.argv[1])
 from mala_mm import MALA
 torch.manual_seed(0)
 model = MALA(arch='tiny').eval()
 model.init_weights()
-x = torch.randn(1, 3, int(sys.argv[2]), int(sys.argv[3]))
+x = torch.randn(1, 3, int(sys.argv[1]), int(sys.argv[2]))
 with torch.no_grad():
     model(x)
     times = []
-    for _ in range(int(sys.argv[4])):
+    for _ in range(int(sys.argv[3])):
         start = time.perf_counter()
         model(x)
         times.append(time.perf_counter() - start)
 print(min(times) * 1e3)
 '''
+
+
+def child_environment(tree: str) -> dict:
+    """This process's environment with ``tree`` first on PYTHONPATH."""
+    return {**os.environ, 'PYTHONPATH': os.pathsep.join(filter(None, [tree, os.environ.get('PYTHONPATH')]))}
 
 
 def main():
@@ -53,8 +59,9 @@ def main():
             times = {'A': [], 'B': []}
             for _ in range(args.rounds):
                 for name in ('A', 'B'):
-                    out = subprocess.run([sys.executable, '-c', CHILD, trees[name], *map(str, args.size),
-                                          str(args.repeats)], check=True, capture_output=True, text=True)
+                    out = subprocess.run([sys.executable, '-c', CHILD, *map(str, args.size), str(args.repeats)],
+                                         cwd=trees[name], env=child_environment(trees[name]),
+                                         check=True, capture_output=True, text=True)
                     times[name].append(float(out.stdout.strip().splitlines()[-1]))
         finally:
             for name, tree in trees.items():

@@ -1,7 +1,8 @@
 """One whole detector and segmentor step: Mask R-CNN MALA-T at 1333x800 and UperNet MALA-T at 512x512.
 
 Times a training step (loss forward + backward) and an inference step of the models the repository's configs
-build, with this backbone and with the straightforward baseline backbone (same weights), and writes
+build, with this backbone and with the explicit reference backbone of ``mala_mm.reference`` as baseline (same
+weights; MALA in the release's linear order, softmax through its N x N matrix), and writes
 results/<device>/dense_step.{md,json}.
 
     python benchmarks/dense_step.py [--device cpu]
@@ -10,11 +11,11 @@ import argparse
 import os
 
 import torch
-from mmengine.config import Config
-from mmengine.registry import init_default_scope
 
 from common import markdown_table, peak_mib, time_ms, write_results
-from straightforward import straightforward_copy
+from mala_mm.cli import build_model, read_config
+from mala_mm.reference import reference_backbone
+from mala_mm.sample_inputs import data_samples
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs')
 CASES = {
@@ -24,12 +25,9 @@ CASES = {
 
 
 def build(config_path):
-    cfg = Config.fromfile(os.path.join(CONFIGS, config_path))
-    init_default_scope(cfg.default_scope)
-    registry = __import__(f'{cfg.default_scope}.registry', fromlist=['MODELS']).MODELS
-    cfg.model.backbone.init_cfg = None
-    cfg.model.backbone.norm_cfg = dict(type='BN', requires_grad=True)  # one process, no SyncBN group
-    model = registry.build(cfg.model)
+    """The config's scope and model, with the release's random initialisation (no ImageNet file needed)."""
+    cfg = read_config(os.path.join(CONFIGS, config_path))
+    model = build_model(cfg)
     model.init_weights()
     return cfg.default_scope, model
 
@@ -43,17 +41,14 @@ def fake_batch(scope, size, device):
     masks = torch.zeros(len(boxes), h, w, dtype=torch.uint8)
     for i, (x1, y1, x2, y2) in enumerate(boxes.long().tolist()):
         masks[i, y1:y2, x1:x2] = 1
+    sample = data_samples(scope, h, w)[0]
     if scope == 'mmdet':
-        from mmdet.structures import DetDataSample
         from mmdet.structures.mask import BitmapMasks
         from mmengine.structures import InstanceData
-        sample = DetDataSample(metainfo=dict(img_shape=size, ori_shape=size, pad_shape=size, scale_factor=(1., 1.)))
         sample.gt_instances = InstanceData(bboxes=boxes.to(device), labels=torch.tensor([0, 1, 2], device=device),
                                            masks=BitmapMasks(masks.numpy(), h, w))
     else:
         from mmengine.structures import PixelData
-        from mmseg.structures import SegDataSample
-        sample = SegDataSample(metainfo=dict(img_shape=size, ori_shape=size, pad_shape=size))
         sample.gt_sem_seg = PixelData(data=(masks.argmax(0, keepdim=True) * 7).long().to(device))
         return dict(inputs=[image, image.flip(-1)], data_samples=[sample, sample])
     return dict(inputs=[image], data_samples=[sample])
@@ -71,7 +66,7 @@ def main():
         batch = fake_batch(scope, size, device)
         for backbone_name in ('ours', 'baseline'):
             if backbone_name == 'baseline':
-                model.backbone = straightforward_copy(model.backbone)
+                model.backbone = reference_backbone(model.backbone, mala_order='release')
 
             def train_step():
                 model.train()

@@ -8,7 +8,6 @@ measured in this run on a 2048^3 matmul. Writes results/cpu/onnx_runtime.{md,jso
     python benchmarks/onnx_runtime.py [--repeats 3]
 """
 import argparse
-import importlib.util
 import json
 import os
 import resource
@@ -21,6 +20,7 @@ import torch
 
 from common import markdown_table, write_results
 from mala_mm import MALA
+from mala_mm.analysis.flops import count_macs
 
 SIZES = {'1280x800': (800, 1280), '512x2048': (512, 2048)}
 
@@ -69,17 +69,9 @@ def sgemm_gflops(size: int = 2048, repeats: int = 5) -> float:
     return 2 * size ** 3 * repeats / (time.perf_counter() - start) / 1e9
 
 
-def _load_get_flops():
-    spec = importlib.util.spec_from_file_location(
-        'get_flops', os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'tools/get_flops.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def forward_gflops(get_flops, model, height: int, width: int) -> float:
+def forward_gflops(model, height: int, width: int) -> float:
     """FLOPs of one forward, counted as tools/get_flops.py counts them (2 per multiply-accumulate)."""
-    macs = get_flops.count_macs(lambda: model(torch.randn(1, 3, height, width)))
+    macs = count_macs(lambda: model(torch.randn(1, 3, height, width)))
     return 2 * sum(macs.values()) / 1e9
 
 
@@ -100,9 +92,8 @@ def main():
         torch.onnx.export(model, (torch.randn(1, 3, 256, 320), ), path, dynamo=False, input_names=['image'],
                           dynamic_axes={'image': {2: 'height', 3: 'width'}})
         rate = sgemm_gflops()
-        get_flops = _load_get_flops()
         for size_name, (height, width) in SIZES.items():
-            row = dict(input=size_name, GFLOPs=forward_gflops(get_flops, model, height, width))
+            row = dict(input=size_name, GFLOPs=forward_gflops(model, height, width))
             row['SGEMM GFLOP/s'] = rate
             row['floor ms'] = row['GFLOPs'] / rate * 1e3
             for engine in ('pytorch', 'onnxruntime'):

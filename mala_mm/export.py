@@ -22,6 +22,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
+from mala_mm.sample_inputs import image_metainfo
+
 EXPORTERS = ('dynamo', 'torchscript')
 
 
@@ -58,7 +60,8 @@ class ImageToTensors(nn.Module):
         self.detections = None
         if nms:
             if self.kind != 'single-stage detector':
-                raise ExportError(f'--nms applies to single-stage detectors (RetinaNet, ...), not to a {self.kind}'
+                raise ExportError(f'`nms=True` applies to single-stage detectors (RetinaNet, ...), not to a '
+                                  f'{self.kind}'
                                   + ('; its NMS sits between the RPN and the RoI heads, which need RoIAlign'
                                      if self.kind == 'two-stage detector' else ''))
             self.detections = DenseDetections(self.model.bbox_head) if exportable else self._predict_by_feat
@@ -87,14 +90,14 @@ class ImageToTensors(nn.Module):
         scores, deltas = outputs[:2]
         if self.detections is not None:
             if len(outputs) != 2:
-                raise ExportError(f'--nms supports heads that return class scores and box deltas; '
+                raise ExportError(f'`nms=True` supports heads that return class scores and box deltas; '
                                   f'{type(head).__name__} also returns {len(outputs) - 2} more (score factors)')
             return self.detections(scores, deltas, x.shape[2], x.shape[3])
         return (*scores, *deltas, *features)
 
     def _predict_by_feat(self, scores, deltas, height, width) -> Tuple[Tensor, Tensor, Tensor]:
-        meta = dict(img_shape=(height, width), ori_shape=(height, width), scale_factor=(1.0, 1.0))
-        found = self.model.bbox_head.predict_by_feat(scores, deltas, batch_img_metas=[meta], rescale=False)[0]
+        found = self.model.bbox_head.predict_by_feat(scores, deltas, batch_img_metas=[image_metainfo(height, width)],
+                                                     rescale=False)[0]
         return found.bboxes, found.scores, found.labels
 
     def describe_outputs(self, outputs: Sequence[Tensor]) -> List[str]:
@@ -159,8 +162,9 @@ class DenseDetections(nn.Module):
         if nms_cfg.get('type', 'nms') != 'nms' or nms_cfg.get('class_agnostic') or nms_cfg.get('offset'):
             problems.append(f'test_cfg.nms {dict(nms_cfg)}, not plain per-class nms')
         if problems:
-            raise ExportError(f'--nms supports anchor heads like RetinaNet\'s; {type(head).__name__} has '
-                              + ', '.join(problems) + '; export without --nms and run predict_by_feat on the outputs')
+            raise ExportError(f'`nms=True` supports anchor heads like RetinaNet\'s; {type(head).__name__} has '
+                              + ', '.join(problems) + '; export without `nms=True` and run predict_by_feat on the '
+                              'outputs')
         self.prior_generator, self.num_classes = head.prior_generator, head.cls_out_channels
         self.means, self.stds = coder.means, coder.stds
         self.clip_border, self.ctr_clamp = coder.clip_border, coder.ctr_clamp if coder.add_ctr_clamp else None
@@ -292,7 +296,7 @@ def _kind(model: nn.Module) -> str:
     if getattr(model, 'rpn_head', None) is not None:
         return 'two-stage detector'
     raise ExportError(f'{type(model).__name__} is neither an mmseg segmentor with a decode_head nor an mmdet '
-                      f'detector with a bbox_head or rpn_head; export its backbone with --backbone-only')
+                      f'detector with a bbox_head or rpn_head; export its backbone with `backbone_only=True`')
 
 
 def export_onnx(module: ImageToTensors, example: Tensor, path: str, dynamic: bool = False, opset: int = 18,
@@ -305,8 +309,8 @@ def export_onnx(module: ImageToTensors, example: Tensor, path: str, dynamic: boo
         raise ExportError(f'unknown exporter {exporter!r}; choose one of {EXPORTERS}')
     detections = module.detections is not None
     if detections and (exporter != 'torchscript' or example.shape[0] != 1):
-        raise ExportError('--nms exports the detections of one image with the TorchScript exporter: pass '
-                          '--exporter torchscript (the dynamo exporter has no lowering of NMS)')
+        raise ExportError('`nms=True` exports the detections of one image with the TorchScript exporter: pass '
+                          "`exporter='torchscript'` (the dynamo exporter has no lowering of NMS)")
     module.eval()
     with torch.no_grad():
         names = module.describe_outputs(module(example))
@@ -385,7 +389,7 @@ def pair_detections(expected: Sequence[Tensor], produced: Sequence[Tensor]) -> L
 
 
 def check_shape(shape: Optional[Sequence[int]], minimum: int = 32) -> Tuple[int, int]:
-    """The (H, W) of ``--shape``, or a clear :class:`ExportError`."""
+    """``shape`` as (H, W), or a clear :class:`ExportError`."""
     if shape is None or len(shape) != 2 or any(not isinstance(s, int) or s < minimum for s in shape):
-        raise ExportError(f'--shape needs two integers H W, each at least {minimum}; got {shape}')
+        raise ExportError(f'`shape` needs two integers H W, each at least {minimum}; got {shape}')
     return tuple(shape)

@@ -1,4 +1,3 @@
-import importlib.util
 import os
 import socket
 import subprocess
@@ -80,15 +79,6 @@ def config_with_hooks(path, base: str, hooks, *lines: str) -> str:
         "custom_imports = dict(imports=['mala_mm', 'fault_injection'], allow_failed_imports=False)\n"
         f"custom_hooks = [{', '.join(hooks)}]\n" + ''.join(f'{line}\n' for line in lines))
     return str(path)
-
-
-def import_tool(path: str):
-    """The module of ``tools/<path>``, to test its functions (tools are scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0],
-                                                  os.path.join(ROOT, 'tools', path))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # The tools' runs in these tests are CPU runs, on a GPU host too: bit-identical resume and two-node weights hold

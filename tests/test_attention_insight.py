@@ -1,16 +1,13 @@
-"""tools/analysis/attention_insight.py: its score maps are the attention modules' own, and it writes its PNGs."""
+"""tools/analysis/attention_insight.py: its score maps (mala_mm.analysis.attention_scores) are the attention
+modules' own, and it writes its PNGs."""
 import cv2
 import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, import_tool, run_tool
+from conftest import ROOT, run_tool
 from mala_mm import MALA
-
-
-@pytest.fixture(scope='module')
-def insight():
-    return import_tool('analysis/attention_insight.py')
+from mala_mm.analysis import attention_scores as insight
 
 
 @pytest.fixture
@@ -28,7 +25,7 @@ def merge_heads(y, like):
 
 
 @pytest.mark.parametrize('stage, block', [(0, 0), (2, 1)])  # a MALA block and a softmax block
-def test_drawn_scores_are_what_the_attention_module_computes(insight, backbone, stage, block):
+def test_drawn_scores_are_what_the_attention_module_computes(backbone, stage, block):
     images = torch.randn(1, 3, 64, 96)
     attention = insight.capture_block(backbone, images, stage, block)
     module = backbone.layers[stage].blocks[block].attn
@@ -50,7 +47,7 @@ def test_drawn_scores_are_what_the_attention_module_computes(insight, backbone, 
     torch.testing.assert_close(rebuilt, attention.output, rtol=1e-4, atol=1e-5)
 
 
-def test_score_rows_sum_to_one_without_rope_and_vary(insight, backbone):
+def test_score_rows_sum_to_one_without_rope_and_vary(backbone):
     attention = insight.capture_block(backbone, torch.randn(1, 3, 64, 64), 0, 0)
     rows = {kind: insight.score_matrix(kind, attention.q, attention.k, None)[0, 0] for kind in insight.KINDS}
     for kind, scores in rows.items():
@@ -58,7 +55,7 @@ def test_score_rows_sum_to_one_without_rope_and_vary(insight, backbone):
         assert scores.std() > 1e-3 / scores.shape[-1], kind
 
 
-def test_magnitude_sharpens_mala_and_softmax_but_not_linear_attention(insight, backbone):
+def test_magnitude_sharpens_mala_and_softmax_but_not_linear_attention(backbone):
     attention = insight.capture_block(backbone, torch.randn(1, 3, 64, 64), 0, 0)
     factors = [0.25, 1.0, 4.0]
     curves = insight.magnitude_curves(attention, 0, factors)
@@ -69,7 +66,7 @@ def test_magnitude_sharpens_mala_and_softmax_but_not_linear_attention(insight, b
     assert np.allclose(curves['linear']['entropy'], curves['linear']['entropy'][0], rtol=1e-4)
 
 
-def test_scaled_query_has_the_scaled_feature(insight):
+def test_scaled_query_has_the_scaled_feature():
     q = torch.randn(2, 1, 10, 8, dtype=torch.float64) * 3
     phi = torch.nn.functional.elu(q) + 1
     for factor in (0.1, 1.0, 7.0):

@@ -124,6 +124,22 @@ def test_verify_rejects_another_arch_naming_the_shapes():
     assert 'fits none of the variants tried' in result.stderr
 
 
+@pytest.mark.parametrize('backbone, message', [
+    ("dict(type='ResNet', depth=18)", "error: the backbone of {config} is 'ResNet', not MALA"),
+    ("dict(type='MALA', arch='huge')", "error: MALA: unknown arch 'huge'; choose one of"),
+    ("dict(type='MALA', arch='tiny', out_indice=(3, ))", "error: MALA.__init__() got an unexpected keyword argument "
+     "'out_indice'"),
+], ids=['not MALA', 'unknown arch', 'unknown argument'])
+def test_verify_explains_a_config_backbone_it_cannot_build(tmp_path, backbone, message):
+    config = tmp_path / 'backbone.py'
+    config.write_text(f'model = dict(backbone={backbone})\n')
+    result = run_tool('verify_checkpoint.py', DET_CKPT, '--config', config)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith('error: ')]
+    assert len(errors) == 1 and errors[0].startswith(message.format(config=config))
+    assert 'Traceback' not in result.stderr
+
+
 def test_verify_reports_missing_blocks(tmp_path, release_arch_config):
     state = torch.load(DET_CKPT, weights_only=False)['state_dict']
     truncated = {k: v for k, v in state.items() if not k.startswith('backbone.layers.1.blocks.1.')}

@@ -1,7 +1,10 @@
 """Every COCO / ADE20K config builds through its library's registry and runs; the release recipes hold."""
 import importlib
+import json
 import math
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,12 +15,17 @@ from mmengine.registry import PARAM_SCHEDULERS, init_default_scope
 from torch import nn
 
 from mala_mm import MALA
+from mala_mm.sample_inputs import data_samples
 
 CONFIG_ROOT = Path(__file__).resolve().parents[1] / 'configs'
 LEAF_CONFIGS = sorted(
     str(path.relative_to(CONFIG_ROOT)) for task in ('detection', 'segmentation')
     for path in (CONFIG_ROOT / task).rglob('*.py')
     if '_base_' not in path.parts and 'builtin' not in path.name)
+# the built-in configs, which train on the built-in shapes dataset
+BUILTIN_CONFIGS = sorted(str(path.relative_to(CONFIG_ROOT)) for path in CONFIG_ROOT.rglob('*_builtin.py'))
+# the model, and the hooks and optim wrapper the configs and tools/train.py --amp name
+MALA_IMPORTS = dict(imports=['mala_mm', 'mala_mm.engine'], allow_failed_imports=False)
 
 # variant letter -> (arch, drop path rate) of the released detection and segmentation recipes
 VARIANTS = {'t': ('tiny', 0.1), 's': ('small', 0.15), 'b': ('base', 0.4), 'l': ('large', 0.55)}
@@ -38,6 +46,32 @@ def config_params():
     for config in LEAF_CONFIGS:
         marks = [pytest.mark.slow] if variant_of(config) in SLOW_VARIANTS else []
         yield pytest.param(config, marks=marks, id=config)
+
+
+@pytest.mark.parametrize('config', LEAF_CONFIGS + BUILTIN_CONFIGS)
+def test_config_imports_the_model_and_the_engine(config):
+    assert load(config).custom_imports == MALA_IMPORTS
+
+
+@pytest.mark.parametrize('config', ['detection/mask_rcnn_mala_t_builtin.py', 'segmentation/upernet_mala_t.py'])
+def test_the_types_a_config_names_resolve_through_its_custom_imports_alone(config):
+    """As in mmdet's and mmseg's own tools: a fresh process that imports nothing of this project but what the
+    config's custom_imports name finds the backbone, every hook and the CPU mixed-precision optim wrapper."""
+    code = f"""
+import importlib, json
+from mmengine.config import Config
+cfg = Config.fromfile({str(CONFIG_ROOT / config)!r})
+registry = importlib.import_module(cfg.default_scope + '.registry')
+hooks = [hook['type'] for hook in [*cfg.default_hooks.values(), *cfg.custom_hooks]]
+found = dict(MALA=registry.MODELS.get(cfg.model.backbone.type), CPUAmpOptimWrapper=registry.OPTIM_WRAPPERS.get(
+    'CPUAmpOptimWrapper'), **{{hook: registry.HOOKS.get(hook) for hook in hooks}})
+print(json.dumps(dict(hooks=hooks, missing=[name for name, cls in found.items() if cls is None])))
+"""
+    result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert {'AtomicCheckpointHook', 'IterationSeedHook', 'SyncNormStatsHook'} <= set(report['hooks'])
+    assert report['missing'] == []
 
 
 def test_every_paper_row_has_a_config():
@@ -72,17 +106,13 @@ def test_config_builds_and_runs_in_tensor_mode(config, record_property):
     assert model.backbone.embed_dims == MALA.arch_zoo[arch]['embed_dims']
     assert isinstance(model.backbone.patch_embed.proj[1], nn.SyncBatchNorm)
 
-    size = (IMAGE_SIZE, IMAGE_SIZE)
-    metainfo = dict(img_shape=size, ori_shape=size, pad_shape=size, batch_input_shape=size, scale_factor=(1., 1.))
-    structures = importlib.import_module(f'{scope}.structures')
-    sample_type = structures.DetDataSample if scope == 'mmdet' else structures.SegDataSample
-    inputs = torch.randn(1, 3, *size)
+    inputs = torch.randn(1, 3, IMAGE_SIZE, IMAGE_SIZE)
 
     features = []
     feature_source = model.neck if scope == 'mmdet' else model.backbone
     feature_source.register_forward_hook(lambda module, args, out: features.extend(out))
     with torch.no_grad():
-        outputs = model(inputs, [sample_type(metainfo=metainfo)], mode='tensor')
+        outputs = model(inputs, data_samples(scope, IMAGE_SIZE, IMAGE_SIZE), mode='tensor')
 
     tensors = _flat_tensors(outputs)
     assert tensors and all(torch.isfinite(t).all() for t in tensors)
@@ -110,7 +140,6 @@ def test_backbone_settings(config):
     v = variant_of(config)
     arch, drop_path = VARIANTS[v]
     backbone = cfg.model.backbone
-    assert cfg.custom_imports == dict(imports=['mala_mm'], allow_failed_imports=False)
     assert (backbone.type, backbone.arch) == ('MALA', arch)
     assert backbone.get('drop_path_rate', MALA.arch_zoo[arch]['drop_path_rate']) == drop_path
     assert backbone.norm_cfg == dict(type='SyncBN', requires_grad=True) and backbone.norm_eval is False
@@ -190,15 +219,12 @@ def test_retinanet_trains_every_parameter():
     cfg.model.backbone.norm_cfg = dict(type='BN', requires_grad=True)  # SyncBN needs a process group
     init_default_scope('mmdet')
     from mmdet.registry import MODELS
-    from mmdet.structures import DetDataSample
     from mmengine.structures import InstanceData
     torch.manual_seed(0)
     model = MODELS.build(cfg.model).train()
-    size = (IMAGE_SIZE, IMAGE_SIZE)
-    sample = DetDataSample(metainfo=dict(img_shape=size, ori_shape=size, pad_shape=size, batch_input_shape=size,
-                                         scale_factor=(1., 1.)))
-    sample.gt_instances = InstanceData(bboxes=torch.tensor([[16., 16., 80., 96.]]), labels=torch.tensor([1]))
-    losses = model.loss(torch.randn(1, 3, *size), [sample])
+    samples = data_samples('mmdet', IMAGE_SIZE, IMAGE_SIZE)
+    samples[0].gt_instances = InstanceData(bboxes=torch.tensor([[16., 16., 80., 96.]]), labels=torch.tensor([1]))
+    losses = model.loss(torch.randn(1, 3, IMAGE_SIZE, IMAGE_SIZE), samples)
     sum(value.sum() if isinstance(value, torch.Tensor) else sum(value) for value in losses.values()).backward()
     without_grad = [name for name, p in model.named_parameters() if p.grad is None]
     assert without_grad == []

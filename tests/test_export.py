@@ -5,9 +5,15 @@ import onnxruntime
 import pytest
 import torch
 
+from mmengine.config import Config
+
 from conftest import ROOT, run_tool
 from mala_mm import MALA
-from mala_mm.export import ImageToTensors, compare_in_onnxruntime, export_onnx
+from mala_mm.cli import build_model
+from mala_mm.export import ExportError, ImageToTensors, check_shape, compare_in_onnxruntime, export_onnx
+from mala_mm.sample_inputs import data_samples, image_metainfo
+
+RETINANET_CONFIG = f'{ROOT}/configs/detection/retinanet_mala_t_builtin.py'
 
 # fp32 arithmetic in another order (ONNX Runtime's kernels) differs by a few roundings of 2^-24 per op
 RELATIVE_TOLERANCE = 1e-4
@@ -121,6 +127,12 @@ def test_a_wrong_shape_is_a_clear_error(tmp_path, shape):
     assert 'Traceback' not in log and not (tmp_path / 'model.onnx').exists()
 
 
+def test_the_library_names_its_parameters_where_the_tool_names_its_flags():
+    with pytest.raises(ExportError) as raised:
+        check_shape([16, 64])
+    assert str(raised.value) == '`shape` needs two integers H W, each at least 32; got [16, 64]'
+
+
 def test_a_difference_beyond_the_tolerance_fails_the_tool(tmp_path):
     result, log = export_tool('configs/segmentation/upernet_mala_t_builtin.py', tmp_path / 'model.onnx',
                               '--shape', '64', '64', '--exporter', 'torchscript', '--tolerance', '0')
@@ -130,9 +142,7 @@ def test_a_difference_beyond_the_tolerance_fails_the_tool(tmp_path):
 
 def test_exported_retinanet_outputs_give_the_models_detections(tmp_path):
     """What a user runs after the graph: the head's own post-processing on ONNX Runtime's outputs."""
-    from mmdet.apis import init_detector
-    import mala_mm  # noqa: F401
-    model = init_detector(f'{ROOT}/configs/detection/retinanet_mala_t_builtin.py', device='cpu')
+    model = build_model(Config.fromfile(RETINANET_CONFIG))
     module = ImageToTensors(model)
     image = torch.rand(1, 3, 128, 160) * 255
     path = str(tmp_path / 'retinanet.onnx')
@@ -141,12 +151,12 @@ def test_exported_retinanet_outputs_give_the_models_detections(tmp_path):
     assert max(row['max_rel'] for row in compare_in_onnxruntime(reference, path, image)) <= RELATIVE_TOLERANCE
     levels = len(model.bbox_head.prior_generator.strides)
     produced = [torch.from_numpy(t) for t in onnxruntime_outputs(path, image)]
-    meta = dict(img_shape=(128, 160), ori_shape=(128, 160), scale_factor=(1.0, 1.0))
     with torch.no_grad():
         from_onnx = model.bbox_head.predict_by_feat(produced[:levels], produced[levels:2 * levels],
-                                                    batch_img_metas=[meta], rescale=False)[0]
+                                                    batch_img_metas=[image_metainfo(128, 160)], rescale=False)[0]
         x = module.normalise(image)
-        from_torch = model.bbox_head.predict(model.extract_feat(x), [_sample(meta)], rescale=False)[0]
+        from_torch = model.bbox_head.predict(model.extract_feat(x), data_samples('mmdet', 128, 160),
+                                             rescale=False)[0]
     assert len(from_torch.bboxes) > 0
     torch.testing.assert_close(from_onnx.bboxes, from_torch.bboxes, rtol=1e-4, atol=1e-3)
     assert torch.equal(from_onnx.labels, from_torch.labels)
@@ -157,12 +167,11 @@ def test_retinanet_exported_with_nms_gives_the_models_detections(tmp_path):
     the export never saw. An untrained head scores every anchor near its prior (0.01), so a threshold below that
     gives NMS thousands of overlapping candidates of every class to sort out."""
     import onnx
-    from mmdet.apis import init_detector
     from mala_mm.export import pair_detections
-    import mala_mm  # noqa: F401
     test_cfg = dict(score_thr=0.005, nms_pre=1000, max_per_img=1000)
-    model = init_detector(f'{ROOT}/configs/detection/retinanet_mala_t_builtin.py', device='cpu',
-                          cfg_options=dict(model=dict(backbone=dict(init_cfg=None), test_cfg=test_cfg)))
+    cfg = Config.fromfile(RETINANET_CONFIG)
+    cfg.merge_from_dict(dict(model=dict(test_cfg=test_cfg)))
+    model = build_model(cfg)
     module = ImageToTensors(model, nms=True)
     path = str(tmp_path / 'retinanet_nms.onnx')
     assert export_onnx(module, torch.rand(1, 3, 128, 160) * 255, path, dynamic=True,
@@ -170,9 +179,8 @@ def test_retinanet_exported_with_nms_gives_the_models_detections(tmp_path):
     assert 'NonMaxSuppression' in {node.op_type for node in onnx.load(path).graph.node}
     image = torch.rand(1, 3, 165, 139) * 255
     x = module.normalise(image)
-    meta = dict(img_shape=(165, 139), ori_shape=(165, 139), scale_factor=(1.0, 1.0))
     with torch.no_grad():
-        expected = model.predict(x, [_sample(meta)], rescale=False)[0].pred_instances
+        expected = model.predict(x, data_samples('mmdet', 165, 139), rescale=False)[0].pred_instances
         level_scores = model.bbox_head(model.extract_feat(x))[0]
     candidates = sum(min(test_cfg['nms_pre'], int((s.sigmoid() > test_cfg['score_thr']).sum())) for s in level_scores)
     assert 0 < len(expected.bboxes) < min(candidates, test_cfg['max_per_img'])  # NMS, not a cap, set the count
@@ -188,16 +196,9 @@ def test_retinanet_exported_with_nms_gives_the_models_detections(tmp_path):
     ('configs/detection/mask_rcnn_mala_t_builtin.py', ['--exporter', 'torchscript'],
      '--nms applies to single-stage detectors (RetinaNet, ...), not to a two-stage detector'),
     ('configs/detection/retinanet_mala_t_builtin.py', ['--exporter', 'dynamo'],
-     '--nms exports the detections of one image with the TorchScript exporter'),
+     '--nms exports the detections of one image with the TorchScript exporter: pass --exporter torchscript'),
 ])
 def test_nms_where_it_cannot_apply_is_a_clear_error(tmp_path, config, options, message):
     result, log = export_tool(config, tmp_path / 'model.onnx', '--nms', '--shape', '64', '64', *options)
     assert result.returncode == 2 and f'error: {message}' in result.stderr
     assert 'Traceback' not in log and not (tmp_path / 'model.onnx').exists()
-
-
-def _sample(meta):
-    from mmdet.structures import DetDataSample
-    sample = DetDataSample()
-    sample.set_metainfo(meta)
-    return sample

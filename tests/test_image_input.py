@@ -9,6 +9,7 @@ from mmengine.config import Config
 from mmengine.registry import DefaultScope
 
 from conftest import ROOT, run_tool
+from mala_mm.cli import build_model
 from mala_mm.datasets import (BuiltinDatasetParams, EmptyDataFileError, check_data_paths,
                               generate_builtin_dataset)
 
@@ -19,14 +20,12 @@ TINY_SIZES = [(1, 1), (1, 7), (7, 1)]
 
 @pytest.fixture(scope='module')
 def detector():
-    from mmdet.apis import init_detector
-    return init_detector(DET_CONFIG, None, device='cpu')
+    return build_model(Config.fromfile(DET_CONFIG))
 
 
 @pytest.fixture(scope='module')
 def segmentor():
-    from mmseg.apis import init_model
-    return init_model(SEG_CONFIG, None, device='cpu')
+    return build_model(Config.fromfile(SEG_CONFIG))
 
 
 def _image(height, width):

@@ -1,6 +1,6 @@
 """The model zoo: one metafile entry per paper config and back, entries agreeing with their configs, each
 carrying the paper's result as its target apart from what this project measured, and the README's tables being
-what tools/gen_model_zoo.py renders from the metafiles."""
+what tools/gen_model_zoo.py renders from the metafiles, and its variant table what it renders from MALA.arch_zoo."""
 import copy
 import re
 import shutil
@@ -10,7 +10,10 @@ import pytest
 import yaml
 from mmengine.config import Config
 
-from conftest import import_tool, run_tool
+from conftest import run_tool
+from mala_mm.cli import model_zoo
+from mala_mm import MALA
+from mala_mm.cli import build_model
 
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = {'tiny': 'MALA-T', 'small': 'MALA-S', 'base': 'MALA-B', 'large': 'MALA-L'}
@@ -46,8 +49,7 @@ PAPER_TARGETS = {
 }
 PAPER_TEXT_MARK = '†'
 
-gen_model_zoo = import_tool('gen_model_zoo.py')
-METAFILES = gen_model_zoo.load_metafiles(REPO / 'model-index.yml')
+METAFILES = model_zoo.load_metafiles(REPO / 'model-index.yml')
 ENTRIES = [model for metafile in METAFILES for model in metafile['Models']]
 ENTRIES_BY_NAME = {entry['Name']: entry for entry in ENTRIES}
 
@@ -58,7 +60,7 @@ def measured_metrics(entry):
 
 def readme_rows(readme: str):
     """The rows of the README's model-zoo tables, keyed by config name, each a mapping of column to cell."""
-    section = readme.split(gen_model_zoo.START)[1].split(gen_model_zoo.END)[0]
+    section = readme.split(model_zoo.START)[1].split(model_zoo.END)[0]
     rows, header = {}, None
     for line in section.splitlines():
         if not line.startswith('|'):
@@ -146,7 +148,7 @@ def test_measured_and_paper_values_render_apart():
     entry = next(e for e in metafile['Models'] if e['Name'] == 'upernet_mala_l')
     entry['Results'][0]['Metrics']['mIoU'] = 52.1
     entry['Weights'] = 'https://example.org/upernet_mala_l.pth'
-    rows = readme_rows(f'{gen_model_zoo.START}\n{gen_model_zoo.render_table(metafile)}\n{gen_model_zoo.END}')
+    rows = readme_rows(f'{model_zoo.START}\n{model_zoo.render_table(metafile)}\n{model_zoo.END}')
     assert rows['upernet_mala_l']['paper mIoU'] == '53.6' + PAPER_TEXT_MARK
     assert rows['upernet_mala_l']['measured mIoU'] == '52.1'
     assert rows['upernet_mala_t']['paper mIoU'] == '48.4'
@@ -155,7 +157,7 @@ def test_measured_and_paper_values_render_apart():
 
 def test_readme_note_names_where_the_targets_come_from():
     readme = (REPO / 'README.md').read_text()
-    section = readme.split(gen_model_zoo.START)[1].split(gen_model_zoo.END)[0]
+    section = readme.split(model_zoo.START)[1].split(model_zoo.END)[0]
     note = ' '.join(line for line in section.splitlines() if line and not line.startswith(('|', '**')))
     assert f"{PAPER_TEXT_MARK} from the paper's text" in note
     for words in ('`MAViT` entry', 'heedless-backbones', 'language model', 'checked against its text',
@@ -170,8 +172,7 @@ def params_case(entry):
 
 @pytest.mark.parametrize('entry', [params_case(entry) for entry in ENTRIES])
 def test_entry_params_are_the_models(entry):
-    get_flops = import_tool('get_flops.py')
-    _, model = get_flops.build_model(Config.fromfile(str(REPO / entry['Config'])))
+    model = build_model(Config.fromfile(str(REPO / entry['Config'])))
     params = sum(p.numel() for p in model.parameters())
     assert entry['Metadata']['Parameters (M)'] == round(params / 1e6, 2)
 
@@ -191,11 +192,37 @@ def test_check_fails_on_a_stale_readme_and_regenerating_fixes_it(tmp_path):
 
     result = run_gen_model_zoo('--check', '--readme', readme)
     assert result.returncode == 2
-    assert 'model-zoo tables differ' in result.stderr
+    assert 'out of date: the model-zoo tables (from the metafiles); run' in result.stderr
 
     assert run_gen_model_zoo('--readme', readme).returncode == 0
     assert readme.read_text() == text
     assert run_gen_model_zoo('--check', '--readme', readme).returncode == 0
+
+
+def test_readme_variant_table_is_the_arch_zoo_with_each_backbone_built():
+    readme = (REPO / 'README.md').read_text()
+    section = readme.split(model_zoo.VARIANTS_START)[1].split(model_zoo.VARIANTS_END)[0].strip('\n')
+    assert section == model_zoo.render_variant_table()
+    rows = [[cell.strip() for cell in line[1:-1].split('|')] for line in section.splitlines()[2:]]
+    assert [row[0] for row in rows] == ['tiny', 'small', 'base', 'large']  # the one-letter aliases left out
+    tiny = MALA('tiny')
+    assert rows[0] == ['tiny', '64, 128, 256, 512', '2, 2, 6, 2', '1, 2, 4, 8', '0.1',
+                       f'{sum(p.numel() for p in tiny.parameters()):,}']
+
+
+def test_check_fails_on_a_stale_variant_table(tmp_path):
+    readme = tmp_path / 'README.md'
+    text = (REPO / 'README.md').read_text()
+    row = next(line for line in text.splitlines() if line.startswith('| small |'))
+    readme.write_text(text.replace(row, row.replace('| 0.15 |', '| 0.2 |')))
+
+    result = run_gen_model_zoo('--check', '--readme', readme)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith('error: ')]
+    assert errors == [f'error: {readme}: out of date: the variant table (from MALA.arch_zoo); run python '
+                      'tools/gen_model_zoo.py']
+    assert run_gen_model_zoo('--readme', readme).returncode == 0
+    assert readme.read_text() == text
 
 
 def test_readme_without_markers_is_refused(tmp_path):

@@ -9,6 +9,7 @@ import torch
 from mmengine.config import Config
 
 from conftest import ROOT, run_tool
+from mala_mm.cli import build_model
 from mala_mm.runtime import fit_optim_wrapper_to_device, sync_bn_to_bn
 from hostile_pickles import WritesAFile
 
@@ -105,6 +106,82 @@ def test_benchmark_reports_speed(tmp_path):
     assert 'upernet_mala_t_builtin.py' in result.stdout and 'images/s' in result.stdout
 
 
+def truncated_checkpoint(folder) -> str:
+    whole = folder / 'whole.pth'
+    torch.save({'state_dict': {f'w{i}': torch.zeros(1000) for i in range(10)}}, whole)
+    truncated = folder / 'truncated.pth'
+    truncated.write_bytes(whole.read_bytes()[:20_000])
+    return str(truncated)
+
+
+def test_benchmark_explains_a_checkpoint_it_cannot_load(tmp_path):
+    result = run_tool(['benchmark.py', SEG_CONFIG, '--checkpoint', truncated_checkpoint(tmp_path), '--shape', '64',
+                       '64', '--warmup', '1', '--iters', '1'], cwd=tmp_path)
+    assert result.returncode == 2
+    assert 'it is truncated or corrupted' in result.stderr and 'Traceback' not in result.stderr
+
+
+def build_model_error(capsys, cfg, checkpoint=None) -> str:
+    """What ``build_model`` printed when it stopped the tool (exit status 2)."""
+    with pytest.raises(SystemExit) as stopped:
+        build_model(cfg, checkpoint)
+    assert stopped.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize('option, message', [
+    ({'default_scope': 'mmpretrain'}, f"error: {DET_CONFIG}: default_scope is 'mmpretrain'; these tools run configs "
+                                      "whose default_scope is one of ('mmdet', 'mmseg')"),
+    ({'model.backbone.frozen_stage': 1}, f"error: {DET_CONFIG}: model.backbone: MALA has no argument 'frozen_stage'; "
+                                         "did you mean 'frozen_stages'?"),
+    ({'model.neck.type': 'FPNN'}, 'error: FPNN is not in the mmdet::model registry.'),
+    ({'model.backbone.arch': 'huge'}, "error: MALA: unknown arch 'huge'; choose one of"),
+], ids=['scope', 'misspelt key', 'unknown type', 'MALA argument'])
+def test_a_config_that_cannot_build_a_model_stops_with_one_line(capsys, option, message):
+    cfg = Config.fromfile(DET_CONFIG)
+    cfg.merge_from_dict(option)
+    error = build_model_error(capsys, cfg)
+    assert error.startswith(message) and error.count('\n') == 1
+
+
+def test_a_checkpoint_that_cannot_be_loaded_stops_with_one_line(capsys, tmp_path):
+    cfg = Config.fromfile(SEG_CONFIG)
+    missing = str(tmp_path / 'missing.pth')
+    assert build_model_error(capsys, cfg, missing) == f'error: checkpoint {missing!r} does not exist\n'
+    error = build_model_error(capsys, cfg, truncated_checkpoint(tmp_path))
+    assert 'it is truncated or corrupted' in error and error.count('\n') == 1
+
+
+def test_built_model_runs_without_pretrained_weights_and_knows_its_classes(tmp_path):
+    # a paper config whose ImageNet weights are not here: the model is built without them, the config kept as is
+    cfg = Config.fromfile(osp.join(ROOT, 'configs/detection/mask_rcnn_mala_t.py'))
+    model = build_model(cfg)
+    assert cfg.model.backbone.init_cfg.type == 'Pretrained' and model.cfg.model.backbone.init_cfg is None
+    assert not model.training and type(model.backbone).__name__ == 'MALA'
+    assert len(model.dataset_meta['classes']) == 80 and 'palette' in model.dataset_meta  # the test dataset's
+
+    # the classes a checkpoint's weights were trained on come first; what its meta lacks comes from the config
+    checkpoint = tmp_path / 'meta_only.pth'
+    torch.save({'state_dict': {}, 'meta': {'dataset_meta': {'CLASSES': ('disc', 'box')}}}, checkpoint)
+    model = build_model(Config.fromfile(SEG_CONFIG), str(checkpoint))
+    assert model.dataset_meta['classes'] == ('disc', 'box') and len(model.dataset_meta['palette']) == 5
+
+
+def test_demo_names_the_classes_of_the_checkpoint(tmp_path):
+    import cv2
+    image = tmp_path / 'image.png'
+    cv2.imwrite(str(image), torch.randint(0, 256, (48, 64, 3), dtype=torch.uint8).numpy())
+    classes = ('sky', 'disc', 'box', 'tri', 'star')
+    checkpoint = tmp_path / 'meta_only.pth'
+    torch.save({'state_dict': {}, 'meta': {'dataset_meta': {'classes': classes}}}, checkpoint)
+    result = run_tool(['demo.py', str(image), SEG_CONFIG, str(checkpoint), '--out', str(tmp_path / 'out.png'),
+                       '--device', 'cpu'], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    present = result.stdout.split('classes present: ')[1].strip().split(', ')
+    assert present and set(present) <= set(classes)
+    assert cv2.imread(str(tmp_path / 'out.png')).shape == (48, 64, 3)
+
+
 def test_auto_scale_lr_needs_a_base_batch_size(tmp_path):
     result = run_tool(['train.py', DET_CONFIG, '--auto-scale-lr'], cwd=tmp_path)
     assert result.returncode == 2
@@ -132,11 +209,7 @@ def test_a_checkpoint_that_would_run_code_is_refused_on_every_path(builtin_works
 
 
 def test_a_truncated_checkpoint_is_explained(builtin_workspace, tmp_path):
-    whole = tmp_path / 'whole.pth'
-    torch.save({'state_dict': {f'w{i}': torch.zeros(1000) for i in range(10)}}, whole)
-    truncated = tmp_path / 'truncated.pth'
-    truncated.write_bytes(whole.read_bytes()[:20_000])
-    result = run_tool(['test.py', SEG_CONFIG, str(truncated), '--work-dir', str(tmp_path / 'work')],
+    result = run_tool(['test.py', SEG_CONFIG, truncated_checkpoint(tmp_path), '--work-dir', str(tmp_path / 'work')],
                       cwd=builtin_workspace)
     assert result.returncode == 2, result.stderr[-3000:]
     assert 'it is truncated or corrupted' in result.stderr and 'Traceback' not in result.stderr
@@ -183,7 +256,7 @@ def test_every_syncbn_of_a_paper_config_becomes_bn_for_cpu_processes(config):
 
 def test_optim_wrapper_follows_the_device():
     paper = Config.fromfile(f'{ROOT}/configs/detection/mask_rcnn_mala_s.py').optim_wrapper
-    assert (paper.type, paper.loss_scale) == ('AmpOptimWrapper', 'dynamic')
+    assert (paper.type, paper.loss_scale) == ('AmpOptimWrapper', 512.)
     on_cpu = paper.copy()
     assert 'trains in fp32' in fit_optim_wrapper_to_device(on_cpu, amp=False, cuda=False)
     assert on_cpu.type == 'OptimWrapper' and 'loss_scale' not in on_cpu and on_cpu.optimizer == paper.optimizer
@@ -197,6 +270,7 @@ def test_optim_wrapper_follows_the_device():
     on_gpu = dict(fp32)
     fit_optim_wrapper_to_device(on_gpu, amp=True, cuda=True)
     assert (on_gpu['type'], on_gpu['loss_scale']) == ('AmpOptimWrapper', 'dynamic')
-    paper_on_gpu = paper.copy()
-    fit_optim_wrapper_to_device(paper_on_gpu, amp=False, cuda=True)
-    assert paper_on_gpu == paper
+    for amp in (False, True):  # on CUDA the paper's fp16 stays as configured, static loss scale included
+        paper_on_gpu = paper.copy()
+        fit_optim_wrapper_to_device(paper_on_gpu, amp=amp, cuda=True)
+        assert paper_on_gpu == paper

@@ -12,10 +12,9 @@ import os.path as osp
 import mmcv
 import torch
 import torch.nn.functional as F
-from mmengine.config import Config
 from mmengine.structures import PixelData
 
-from mala_mm.cli import SCOPES, fail, require_file
+from mala_mm.cli import build_model, fail, read_config, require_file
 
 
 def parse_args():
@@ -71,14 +70,13 @@ def enlarge(sample, factor: int):
     return sample
 
 
-def predict(scope, args):
+def predict(scope, model, image_path):
+    """The model's prediction on the image, through the test pipeline of ``model.cfg``."""
     if scope == 'mmdet':
-        from mmdet.apis import inference_detector, init_detector
-        model = init_detector(args.config, args.checkpoint, device=args.device)
-        return model, inference_detector(model, args.image)
-    from mmseg.apis import inference_model, init_model
-    model = init_model(args.config, args.checkpoint, device=args.device)
-    return model, inference_model(model, args.image)
+        from mmdet.apis import inference_detector
+        return inference_detector(model, image_path)
+    from mmseg.apis import inference_model
+    return inference_model(model, image_path)
 
 
 def draw(scope, model, sample, image, args):
@@ -94,19 +92,18 @@ def draw(scope, model, sample, image, args):
 
 def main():
     args = parse_args()
-    for path, what in ((args.image, 'image'), (args.config, 'config file'), (args.checkpoint, 'checkpoint')):
-        require_file(path, what)
+    require_file(args.image, 'image')
     if args.scale < 1:
         fail(f'--scale must be a positive whole number, got {args.scale}')
-    cfg = Config.fromfile(args.config)
-    scope = cfg.get('default_scope')
-    if scope not in SCOPES:
-        fail(f'{args.config}: default_scope must be one of {SCOPES}, got {scope!r}')
-    import mala_mm  # noqa: F401  (reads checkpoints through mala_mm's safe loader)
+    cfg = read_config(args.config)
+    model = build_model(cfg, args.checkpoint, args.device)
+    scope = cfg.default_scope
     image = mmcv.imread(args.image, channel_order='rgb')
     os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
-    model, result = predict(scope, args)
-    classes = model.dataset_meta['classes']
+    result = predict(scope, model, args.image)
+    classes = model.dataset_meta.get('classes')
+    if classes is None:
+        fail(f'no class names: {args.checkpoint} holds no dataset_meta and {args.config} no test dataset')
     if scope == 'mmdet':
         kept = result.pred_instances[result.pred_instances.scores >= args.score_thr]
         summary = f'{len(kept)} objects with score >= {args.score_thr}: ' + ', '.join(

@@ -10,17 +10,23 @@ difference of every output from PyTorch and fails (exit 2) if any exceeds --tole
 """
 import argparse
 import importlib.util
+from typing import NoReturn
 
 import torch
 from mmengine.config import DictAction
 
-from mala_mm.cli import fail, read_config, require_file
+from mala_mm.cli import build_model, fail, read_config
+
+# how the export library's messages name its parameters, and the flags that set them here
+FLAGS = {'`shape`': '--shape', '`nms=True`': '--nms', '`backbone_only=True`': '--backbone-only',
+         "`exporter='torchscript'`": '--exporter torchscript'}
 
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('config', help='an mmdet or mmseg config file')
-    parser.add_argument('checkpoint', nargs='?', help='trained weights (default: the weights the config builds)')
+    parser.add_argument('checkpoint', nargs='?',
+                        help='trained weights (default: untrained, as the modules construct them)')
     parser.add_argument('--out', required=True, help='the .onnx file to write')
     parser.add_argument('--shape', type=int, nargs='+', metavar='N', help='export input H W (default: the '
                         "config's crop_size for segmentors, 800 1344 for detectors)")
@@ -38,27 +44,6 @@ def parse_args():
     return parser.parse_args()
 
 
-def build_model(args):
-    cfg = read_config(args.config, args.cfg_options)
-    if args.checkpoint is not None:
-        require_file(args.checkpoint, 'checkpoint')
-    scope = cfg.get('default_scope')
-    import mala_mm  # noqa: F401  registers MALA for configs without custom_imports
-    from mala_mm.checkpoint import CheckpointError
-    try:
-        if scope == 'mmdet':
-            from mmdet.apis import init_detector
-            model = init_detector(cfg, args.checkpoint, device='cpu')
-        elif scope == 'mmseg':
-            from mmseg.apis import init_model
-            model = init_model(cfg, args.checkpoint, device='cpu')
-        else:
-            fail(f'{args.config}: default_scope is {scope!r}; export needs an mmdet or mmseg config')
-    except CheckpointError as err:
-        fail(str(err))
-    return cfg, model
-
-
 def default_shape(cfg, kind):
     crop = cfg.get('crop_size')
     if kind == 'segmentor' and crop:
@@ -69,6 +54,14 @@ def default_shape(cfg, kind):
 def unseen_shape(height, width):
     """A size the export did not see and that is not a multiple of 32."""
     return height + 37, max(32, width - 21)
+
+
+def fail_in_flags(err: Exception) -> NoReturn:
+    """Stop with the export library's message, its parameters named by the flags that set them."""
+    message = str(err)
+    for parameter, flag in FLAGS.items():
+        message = message.replace(parameter, flag)
+    fail(message)
 
 
 def check_deploy_packages(exporter: str):
@@ -87,8 +80,9 @@ def main():
         if args.shape is not None:  # before the model is built: a typo costs no time
             check_shape(args.shape)
     except ExportError as err:
-        fail(str(err))
-    cfg, model = build_model(args)
+        fail_in_flags(err)
+    cfg = read_config(args.config, args.cfg_options)
+    model = build_model(cfg, args.checkpoint)
     try:
         module = ImageToTensors(model, backbone_only=args.backbone_only, nms=args.nms)
         reference = ImageToTensors(model, backbone_only=args.backbone_only, exportable=False, nms=args.nms)
@@ -108,7 +102,7 @@ def main():
                 print(f'  input {size[0]}x{size[1]}  {row["output"]:<14} {str(row["shape"]):<22} '
                       f'max abs {row["max_abs"]:.3g}  max rel {row["max_rel"]:.3g}')
     except ExportError as err:
-        fail(str(err))
+        fail_in_flags(err)
     if worst > args.tolerance:
         fail(f'ONNX Runtime differs from PyTorch by {worst:.3g} relative, more than --tolerance {args.tolerance:g} '
              f'({args.out} is kept for inspection)')

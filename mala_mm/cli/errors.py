@@ -4,6 +4,7 @@ A check tool whose answer is "no" (a checkpoint that fits no variant, images tha
 tables that are out of date) stops the same way, with the reason.
 """
 import os
+import re
 import sys
 from typing import List, NoReturn
 
@@ -28,6 +29,14 @@ def fail(message: str) -> NoReturn:
     if is_main_process():
         print_error(message)
     raise SystemExit(ERROR_STATUS)
+
+
+def build_error_message(err: Exception) -> str:
+    """The message of an error raised while a config was built into objects, as one ``fail`` line: without the
+    "class `X` in its/file.py: " that mmengine's registry prefixes at every level of a nested build, and without
+    the quotes that ``str`` puts around a KeyError's (the registry's "X is not in the ... registry")."""
+    message = err.args[0] if isinstance(err, KeyError) and err.args else err
+    return re.sub(r'class `\w+` in \S+: ', '', str(message))
 
 
 def missing_file(path: str, what: str) -> List[str]:

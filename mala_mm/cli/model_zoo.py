@@ -1,25 +1,32 @@
-"""Render README.md's model-zoo tables from model-index.yml and the metafiles it imports.
+"""Render README.md's model-zoo tables from model-index.yml and the metafiles it imports, and its variant table
+from ``MALA.arch_zoo``.
 
-Only the text between ``<!-- model-zoo:start -->`` and ``<!-- model-zoo:end -->`` is replaced: one table per
+Only the text between ``<!-- model-zoo:start -->`` and ``<!-- model-zoo:end -->`` and between
+``<!-- variants:start -->`` and ``<!-- variants:end -->`` is replaced. The model zoo: one table per
 metafile, one row per entry, then a note naming where the paper's numbers come from. Each metric has two
 columns: the paper's (an entry's ``Paper Results``, the target) and this project's (its ``Results``, what a
-training run of the config measured). Unknown values (null in the metafile) are left as empty cells.
+training run of the config measured). Unknown values (null in the metafile) are left as empty cells. The
+variants: one row per named arch, with the parameters of its backbone as built.
 
 Examples:
     python tools/gen_model_zoo.py            # rewrite the tables in README.md
-    python tools/gen_model_zoo.py --check    # exit 2 if README.md is not what the metafiles give
+    python tools/gen_model_zoo.py --check    # exit 2 if README.md is not what the metafiles and arch_zoo give
 """
 import argparse
 import textwrap
 from pathlib import Path
-from typing import List
+from typing import List, Tuple
 
 import yaml
 
-from mala_mm.cli import fail, require_file
+from mala_mm import MALA
+from .errors import fail, require_file
 
-REPO = Path(__file__).resolve().parents[1]
 START, END = '<!-- model-zoo:start -->', '<!-- model-zoo:end -->'
+VARIANTS_START, VARIANTS_END = '<!-- variants:start -->', '<!-- variants:end -->'
+# what each pair of markers holds and where it comes from, as --check names it
+SECTIONS = {'the model-zoo tables (from the metafiles)': (START, END),
+            'the variant table (from MALA.arch_zoo)': (VARIANTS_START, VARIANTS_END)}
 
 # Where a ``Paper Results`` entry's numbers come from (its ``Source``): the mark its cells carry in the README and
 # what the note under the tables says of them. A source missing here is refused, as the note could not name it.
@@ -127,39 +134,79 @@ def render_sources_note(metafiles: List[dict]) -> str:
     return textwrap.fill(note, width=115, break_long_words=False, break_on_hyphens=False)
 
 
+def variant_names() -> List[str]:
+    """The names of MALA's variants in ``arch_zoo`` order, without the one-letter aliases (which share the
+    spec of a named variant)."""
+    names, specs = [], []
+    for name, spec in MALA.arch_zoo.items():
+        if not any(spec is seen for seen in specs):
+            names.append(name)
+            specs.append(spec)
+    return names
+
+
+def render_variant_table() -> str:
+    """One Markdown row per variant: its widths, depths, heads and drop path rate as ``MALA.arch_zoo`` gives them,
+    and the parameters of its backbone as built with the default arguments (every stage's output norm)."""
+    header = ['variant', 'widths', 'depths', 'heads', 'drop path', 'backbone params']
+    lines = [_row(header), '|' + '---|' * len(header)]
+    for name in variant_names():
+        spec = MALA.arch_zoo[name]
+        params = sum(p.numel() for p in MALA(name).parameters())
+        lists = [', '.join(map(str, spec[key])) for key in ('embed_dims', 'depths', 'num_heads')]
+        lines.append(_row([name, *lists, f'{spec["drop_path_rate"]:g}', f'{params:,}']))
+    return '\n'.join(lines)
+
+
+def _split_at_markers(readme: str, start: str, end: str) -> Tuple[str, str, str]:
+    """The text before ``start``, between the markers and after ``end``."""
+    if readme.count(start) != 1 or readme.count(end) != 1 or readme.index(start) > readme.index(end):
+        fail(f'the README must contain {start} and, after it, {end}, once each')
+    head, rest = readme.split(start)
+    between, tail = rest.split(end)
+    return head, between, tail
+
+
+def _replace_between(readme: str, start: str, end: str, text: str) -> str:
+    head, _, tail = _split_at_markers(readme, start, end)
+    return f'{head}{start}\n{text}\n{end}{tail}'
+
+
 def render_readme(readme: str, metafiles: List[dict]) -> str:
-    """``readme`` with the text between the markers replaced by the tables and the note under them."""
-    if readme.count(START) != 1 or readme.count(END) != 1 or readme.index(START) > readme.index(END):
-        fail(f'the README must contain {START} and, after it, {END}, once each')
-    head, rest = readme.split(START)
-    _, tail = rest.split(END)
+    """``readme`` with the model-zoo tables and the note under them, and the variant table, between their
+    markers."""
     tables = '\n\n'.join(render_table(metafile) for metafile in metafiles)
-    return f'{head}{START}\n{tables}\n\n{render_sources_note(metafiles)}\n{END}{tail}'
+    readme = _replace_between(readme, START, END, f'{tables}\n\n{render_sources_note(metafiles)}')
+    return _replace_between(readme, VARIANTS_START, VARIANTS_END, render_variant_table())
 
 
-def parse_args():
+def stale_sections(readme: str, rendered: str) -> List[str]:
+    """The names of the sections (:data:`SECTIONS`) whose text differs between ``readme`` and ``rendered``."""
+    return [name for name, (start, end) in SECTIONS.items()
+            if _split_at_markers(readme, start, end)[1] != _split_at_markers(rendered, start, end)[1]]
+
+
+def parse_args(repo: Path):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--check', action='store_true', help='do not write; exit 2 if the README is stale')
-    parser.add_argument('--index', type=Path, default=REPO / 'model-index.yml', help='the model index')
-    parser.add_argument('--readme', type=Path, default=REPO / 'README.md', help='the README to update')
+    parser.add_argument('--index', type=Path, default=repo / 'model-index.yml', help='the model index')
+    parser.add_argument('--readme', type=Path, default=repo / 'README.md', help='the README to update')
     return parser.parse_args()
 
 
-def main():
-    args = parse_args()
+def main(repo: Path = Path('.')):
+    """The command; ``repo`` is the checkout whose model index and README are the defaults."""
+    args = parse_args(repo)
     require_file(str(args.readme), 'README')
     readme = args.readme.read_text()
     rendered = render_readme(readme, load_metafiles(args.index))
     if args.check:
         if rendered != readme:
-            fail(f'{args.readme}: the model-zoo tables differ from {args.index}; run python tools/gen_model_zoo.py')
-        print(f'{args.readme}: model-zoo tables are up to date')
+            fail(f'{args.readme}: out of date: {" and ".join(stale_sections(readme, rendered))}; run '
+                 'python tools/gen_model_zoo.py')
+        print(f'{args.readme}: model-zoo and variant tables are up to date')
     elif rendered != readme:
         args.readme.write_text(rendered)
-        print(f'{args.readme}: model-zoo tables rewritten from {args.index}')
+        print(f'{args.readme}: model-zoo and variant tables rewritten from {args.index} and MALA.arch_zoo')
     else:
         print(f'{args.readme}: already up to date')
-
-
-if __name__ == '__main__':
-    main()

@@ -4,7 +4,6 @@ import gc
 import importlib
 import os
 import os.path as osp
-import re
 import subprocess
 import sys
 from typing import Callable, Iterator, List, Optional, Tuple
@@ -15,7 +14,8 @@ from mmengine.config import Config, DictAction
 from mmengine.dist import init_dist
 
 from .config_check import config_problems
-from .errors import ERROR_STATUS, fail, is_main_process, local_rank, missing_file, print_error, require_file
+from .errors import (ERROR_STATUS, build_error_message, fail, is_main_process, local_rank, missing_file, print_error,
+                     require_file)
 
 SCOPES = ('mmdet', 'mmseg')  # the config's default_scope picks the library
 
@@ -55,13 +55,19 @@ def load_config(args) -> Config:
     return cfg
 
 
+def scope_problems(cfg, config_path: str) -> List[str]:
+    """``[why]`` where ``cfg`` (read from ``config_path``) names no default_scope these tools run, else ``[]``."""
+    scope = cfg.get('default_scope')
+    if scope in SCOPES:
+        return []
+    return [f'{config_path}: default_scope is {scope!r}; these tools run configs whose default_scope is one of '
+            f'{SCOPES} (inherit mmdet::/mmseg::_base_/default_runtime.py)']
+
+
 def config_errors(cfg, config_path: str) -> List[str]:
     """What stops ``cfg`` (read from ``config_path``) from building: a default_scope these tools do not run, or
     misspelt keys."""
-    if cfg.get('default_scope') not in SCOPES:
-        return [f'{config_path}: default_scope is {cfg.get("default_scope")!r}; these tools run configs whose '
-                f'default_scope is one of {SCOPES} (inherit mmdet::/mmseg::_base_/default_runtime.py)']
-    return [f'{config_path}: {problem}' for problem in config_problems(cfg)]
+    return scope_problems(cfg, config_path) or [f'{config_path}: {problem}' for problem in config_problems(cfg)]
 
 
 def _pretrained_checkpoints(node, path: str = 'model') -> Iterator[Tuple[str, str]]:
@@ -198,9 +204,9 @@ def close_distributed(finished: bool):
 
 
 def build_runner(cfg):
-    # also for configs without custom_imports: registers MALA and its hooks, and makes mmengine read
-    # checkpoints as data only (torch >= 2.6 refuses mmengine's own checkpoints otherwise)
-    import mala_mm  # noqa: F401
+    # also for configs without custom_imports: the hooks and the CPU mixed-precision optim wrapper (MALA and the
+    # safe checkpoint loading came with this package)
+    import mala_mm.engine  # noqa: F401
     runners = importlib.import_module(f'{cfg.default_scope}.registry').RUNNERS
     if 'runner_type' in cfg:
         return runners.build(cfg)
@@ -219,7 +225,6 @@ def run_runner(cfg, action: str):
         getattr(build_runner(cfg), action)()  # the runner is not kept: close_distributed collects it
         finished = True
     except (CheckpointError, MALAConfigError, TooManyUndecodableImages) as err:
-        # the registry prefixes "class `X` in its/file.py: " at every level of a nested build
-        fail(re.sub(r'class `\w+` in \S+: ', '', str(err)))
+        fail(build_error_message(err))
     finally:
         close_distributed(finished)

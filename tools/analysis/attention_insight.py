@@ -1,9 +1,7 @@
 """Draw what a MALA block attends to, and how the three kinds of attention react to the query's magnitude.
 
-For one image, stage, block and head, q and k are taken from the block's own projection (``attn.qkvo`` on the
-block's normalised input). From the same q, k the score maps of MALA, plain linear attention and softmax
-attention are computed with the package's attention functions: fed the identity matrix as values, each
-returns its N x N score matrix (every kind is linear in v). Two PNGs are written:
+For one image, stage, block and head, the score maps of MALA, plain linear attention and softmax attention are
+computed from the block's own q and k (:mod:`mala_mm.analysis.attention_scores` says how). Two PNGs are written:
 
 - ``*_scores.png``: the image with the query marked, and the three score maps of that query over the image;
 - ``*_magnitude.png``: the paper's magnitude experiment. φ(q) is multiplied by a factor (q itself for softmax,
@@ -19,10 +17,8 @@ Example:
         --query 64 40 --out-dir work_dirs/attention_insight [--arch small --checkpoint checkpoints/mala_s_in1k.pth]
 """
 import argparse
-import math
 import os
-from dataclasses import dataclass
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence
 
 import cv2
 import matplotlib
@@ -32,32 +28,17 @@ matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 from torch import Tensor  # noqa: E402
 
-from mala_mm import MALA  # noqa: E402
-from mala_mm.checkpoint import CheckpointError, load_backbone_weights  # noqa: E402
-from mala_mm.cli import fail  # noqa: E402
-from mala_mm.models.layers import RotaryTables, linear_attention, mala_attention, softmax_attention  # noqa: E402
+from mala_mm.analysis.attention_scores import (KINDS, BlockAttention, capture_block, magnitude_curves,  # noqa: E402
+                                               score_matrix)
+from mala_mm.cli import build_backbone, fail  # noqa: E402
+from mala_mm.models import MALA  # noqa: E402
 
-KINDS = {'MALA': mala_attention, 'linear': linear_attention, 'softmax': softmax_attention}
 # the configs' data_preprocessor (ImageNet statistics, RGB)
 MEAN, STD = np.array([123.675, 116.28, 103.53]), np.array([58.395, 57.12, 57.375])
 # softmax scores through the identity-matrix trick cost N^3; beyond this many tokens it takes minutes on a CPU
 MAX_TOKENS = 4096
-
-
-@dataclass
-class BlockAttention:
-    """What one attention module saw and produced on an image."""
-    q: Tensor  # (B, h, N, d) raw projections, before φ and RoPE
-    k: Tensor
-    v: Tensor
-    rope: RotaryTables  # the stage's (N, d) RoPE tables
-    height: int  # the token map
-    width: int
-    qkvo: Tuple[Tensor, Tensor, Tensor, Tensor]  # the projection's (B, C, H, W) q, k, v, o
-    output: Tensor  # (B, C, H, W) the module's output
 
 
 def load_image(path: str, max_size: int) -> np.ndarray:
@@ -73,59 +54,6 @@ def load_image(path: str, max_size: int) -> np.ndarray:
 
 def to_batch(image: np.ndarray) -> Tensor:
     return torch.from_numpy(((image - MEAN) / STD).astype(np.float32)).permute(2, 0, 1)[None]
-
-
-def capture_block(backbone: MALA, images: Tensor, stage: int, block: int) -> BlockAttention:
-    """Run ``backbone`` on ``images`` and record the q, k, v of ``layers[stage].blocks[block].attn``."""
-    attn = backbone.layers[stage].blocks[block].attn
-    seen = {}
-    hooks = [attn.qkvo.register_forward_hook(lambda module, args, out: seen.update(qkvo=out)),
-             attn.register_forward_hook(lambda module, args, out: seen.update(output=out))]
-    try:
-        with torch.no_grad():
-            backbone(images)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    q, k, v, o = seen['qkvo']
-    height, width = q.shape[-2:]
-    rope = backbone.layers[stage].RoPE.tables(height, width, dtype=q.dtype)
-    return BlockAttention(attn.split_heads(q), attn.split_heads(k), attn.split_heads(v), rope, height, width,
-                          (q, k, v, o), seen['output'])
-
-
-def score_matrix(kind: str, q: Tensor, k: Tensor, rope: Optional[RotaryTables]) -> Tensor:
-    """(..., N, N) scores of ``kind`` from (..., N, d) q, k: the attention of the identity matrix as values."""
-    num_tokens = q.shape[-2]
-    identity = torch.eye(num_tokens, dtype=q.dtype, device=q.device).expand(*q.shape[:-2], -1, -1)
-    return KINDS[kind](q, k, identity, rope)
-
-
-def scale_query(kind: str, q: Tensor, factor: float) -> Tensor:
-    """The raw query whose feature is ``factor`` times q's: φ(q) for MALA and linear, q itself for softmax."""
-    if kind == 'softmax':
-        return q * factor
-    scaled = factor * (F.elu(q) + 1)
-    return torch.where(scaled > 1, scaled - 1, torch.log(scaled))  # φ^-1, φ(x) = x + 1 (x > 0), e^x (x <= 0)
-
-
-def row_statistics(scores: Tensor) -> Dict[str, float]:
-    """Mean over rows of N x max score and of the normalised entropy of the positive part of the row."""
-    num_tokens = scores.shape[-1]
-    positive = scores.clamp(min=0)
-    p = positive / positive.sum(-1, keepdim=True).clamp(min=1e-30)
-    entropy = -(p * torch.log(p.clamp(min=1e-30))).sum(-1) / math.log(num_tokens)
-    return dict(max=float(num_tokens * scores.amax(-1).mean()), entropy=float(entropy.mean()))
-
-
-def magnitude_curves(attention: BlockAttention, head: int, factors: Sequence[float]) -> Dict[str, dict]:
-    """{kind: {'max': [...], 'entropy': [...]}} over ``factors`` for one head of ``attention``, without RoPE."""
-    q, k = attention.q[:, head:head + 1], attention.k[:, head:head + 1]
-    curves = {}
-    for kind in KINDS:
-        stats = [row_statistics(score_matrix(kind, scale_query(kind, q, f), k, None)) for f in factors]
-        curves[kind] = {name: [s[name] for s in stats] for name in ('max', 'entropy')}
-    return curves
 
 
 def query_token(row: int, col: int, image_shape, attention: BlockAttention) -> int:
@@ -178,17 +106,13 @@ def draw_magnitude(factors: Sequence[float], curves: Dict[str, dict], title: str
     plt.close(fig)
 
 
-def build_backbone(arch: str, checkpoint: Optional[str], seed: int) -> MALA:
+def random_or_loaded_backbone(arch: str, checkpoint: Optional[str], seed: int) -> MALA:
+    """MALA-``arch`` with ``checkpoint``'s weights, else initialised as the release does from ``seed``."""
     torch.manual_seed(seed)
-    backbone = MALA(arch=arch)
-    if checkpoint:
-        try:
-            load_backbone_weights(backbone, checkpoint)
-        except (FileNotFoundError, CheckpointError) as err:
-            fail(str(err))
-    else:
+    backbone = build_backbone(dict(type='MALA', arch=arch), checkpoint)
+    if not checkpoint:
         backbone.init_weights()
-    return backbone.eval()
+    return backbone
 
 
 def check_position(backbone: MALA, stage: int, block: int, head: int) -> None:
@@ -223,7 +147,7 @@ def parse_args():
 def main():
     args = parse_args()
     image = load_image(args.image, args.max_size)
-    backbone = build_backbone(args.arch, args.checkpoint, args.seed)
+    backbone = random_or_loaded_backbone(args.arch, args.checkpoint, args.seed)
     check_position(backbone, args.stage, args.block, args.head)
     attention = capture_block(backbone, to_batch(image), args.stage, args.block)
     num_tokens = attention.height * attention.width

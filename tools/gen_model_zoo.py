@@ -1,0 +1,8 @@
+"""Render README.md's model-zoo and variant tables from model-index.yml and MALA.arch_zoo
+(``python tools/gen_model_zoo.py --help``; the logic is mala_mm.cli.model_zoo)."""
+from pathlib import Path
+
+from mala_mm.cli.model_zoo import main
+
+if __name__ == '__main__':
+    main(repo=Path(__file__).resolve().parents[1])
