@@ -6,24 +6,18 @@ norm_cfg = _base_.norm_cfg
 stage_target_stds = [[0.1, 0.1, 0.2, 0.2], [0.05, 0.05, 0.1, 0.1], [0.033, 0.033, 0.067, 0.067]]
 stage_ious = [0.5, 0.6, 0.7]
 model = dict(
-    backbone=_base_.builtin_backbone,
-    neck=_base_.builtin_neck,
-    rpn_head=_base_.builtin_rpn_head,
+    _base_.builtin_two_stage,
     roi_head=dict(
-        bbox_roi_extractor=dict(out_channels=128),
+        _base_.builtin_roi_head,
         bbox_head=[
             dict(type='Shared2FCBBoxHead', in_channels=128, fc_out_channels=256, roi_feat_size=7, num_classes=4,
                  bbox_coder=dict(type='DeltaXYWHBBoxCoder', target_means=[0.0] * 4, target_stds=stds),
                  reg_class_agnostic=True,
                  loss_cls=dict(type='CrossEntropyLoss', use_sigmoid=False, loss_weight=1.0),
                  loss_bbox=dict(type='SmoothL1Loss', beta=1.0, loss_weight=1.0))
-            for stds in stage_target_stds],
-        mask_roi_extractor=dict(out_channels=128),
-        mask_head=dict(in_channels=128, num_convs=2, conv_out_channels=64, norm_cfg=norm_cfg, num_classes=4)),
-    # a few shapes per image need far fewer proposals and samples than COCO
+            for stds in stage_target_stds]),
     train_cfg=dict(
-        rpn=dict(sampler=dict(num=64)),
-        rpn_proposal=dict(nms_pre=500, max_per_img=200),
+        _base_.builtin_rpn_train_cfg,
         rcnn=[
             dict(assigner=dict(type='MaxIoUAssigner', pos_iou_thr=iou, neg_iou_thr=iou, min_pos_iou=iou,
                                match_low_quality=False, ignore_iof_thr=-1),
@@ -31,6 +25,4 @@ model = dict(
                               add_gt_as_proposals=True),
                  mask_size=28, pos_weight=-1, debug=False)
             for iou in stage_ious]),
-    test_cfg=dict(
-        rpn=dict(nms_pre=300, max_per_img=100),
-        rcnn=dict(max_per_img=20)))
+    test_cfg=_base_.builtin_two_stage_test_cfg)
