@@ -40,6 +40,17 @@ def fake_nvidia_smi(path, gpus: int) -> str:
     return executable(path, f'#!/bin/sh\n{listing}')
 
 
+def fake_torch_interpreter(path, torch_version: str, cuda: str, gpus: int) -> str:
+    """An interpreter that answers the launchers' question about its torch as the given build would: version, CUDA
+    version, GPUs it can use, CPU cores."""
+    return executable(path, f'#!/bin/sh\necho "{torch_version} {cuda} {gpus} 64"\n')
+
+
+def cpu_torch(tmp_path) -> str:
+    """An interpreter whose torch is a CPU build, on any host: the chosen python of a GPU machine set up wrong."""
+    return fake_torch_interpreter(tmp_path / 'cpu_torch' / 'python', '2.13.0+cpu', 'none', 0)
+
+
 def launcher_env(tmp_path, **changes) -> dict:
     """The environment of a new shell: no PYTHON, no active environment, no CPU opt-in, and NVIDIA probes that
     find no GPU; then ``changes``."""
@@ -118,7 +129,6 @@ def test_the_first_line_names_the_interpreter_its_torch_and_cuda(tmp_path):
         assert first['cuda'] == f'CUDA {torch.version.cuda}, {gpus} GPU' + ('' if gpus == 1 else 's')
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason='this torch can use the GPUs it sees')
 @pytest.mark.parametrize('probe', ['nvidia-smi', '/proc/driver/nvidia/gpus'])
 def test_a_gpu_machine_refuses_a_cpu_torch(tmp_path, probe):
     if probe == 'nvidia-smi':
@@ -128,33 +138,27 @@ def test_a_gpu_machine_refuses_a_cpu_torch(tmp_path, probe):
             (tmp_path / 'gpus' / bus).mkdir(parents=True)
         gpus = dict(MALA_MM_NVIDIA_GPUS_DIR=str(tmp_path / 'gpus'))
     # one process and a config whose dataset is missing here: past the check, it would start and fail later
-    result = launch(['dist_test.sh', DET_CONFIG, DET_CONFIG, '1'],
-                    launcher_env(tmp_path, PYTHON=sys.executable, **gpus), tmp_path)
+    python = cpu_torch(tmp_path)
+    result = launch(['dist_test.sh', DET_CONFIG, DET_CONFIG, '1'], launcher_env(tmp_path, PYTHON=python, **gpus),
+                    tmp_path)
     assert result.returncode == 2, result.stderr[-3000:]
     first, error = result.stderr.splitlines()
     assert FIRST_LINE.fullmatch(first)
-    assert error == (f'error: this machine has 2 NVIDIA GPUs, but the chosen python, {sys.executable}, has torch '
-                     f'{torch.__version__}, built without CUDA; activate the environment with a CUDA torch or set '
+    assert error == (f'error: this machine has 2 NVIDIA GPUs, but the chosen python, {python}, has torch '
+                     f'2.13.0+cpu, built without CUDA; activate the environment with a CUDA torch or set '
                      f'PYTHON to its python (MALA_MM_ALLOW_CPU=1 runs on CPU anyway)')
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason='this torch can use the GPUs it sees')
 def test_the_opt_in_runs_a_cpu_torch_on_a_gpu_machine(tmp_path):
-    env = launcher_env(tmp_path, PYTHON=sys.executable, MALA_MM_ALLOW_CPU='1',
+    env = launcher_env(tmp_path, PYTHON=cpu_torch(tmp_path), MALA_MM_ALLOW_CPU='1',
                        MALA_MM_NVIDIA_SMI=fake_nvidia_smi(tmp_path / 'nvidia-smi', gpus=2))
-    result = launch(['dist_train.sh', DET_CONFIG, str(more_processes_than_the_machine_has())], env, tmp_path)
-    # past the GPU check: the process count is then checked against the CPU cores
+    result = launch(['dist_train.sh', DET_CONFIG, '65'], env, tmp_path)
+    # past the GPU check: the process count is then checked against the interpreter's 64 CPU cores
     assert result.returncode == 2, result.stderr[-3000:]
     first, note, error = result.stderr.splitlines()
     assert FIRST_LINE.fullmatch(first)
     assert note == '[mala_mm] MALA_MM_ALLOW_CPU=1: running on CPU although this machine has 2 NVIDIA GPUs'
     assert 'CPU cores and no CUDA GPU' in error
-
-
-def fake_torch_interpreter(path, torch_version: str, cuda: str, gpus: int) -> str:
-    """An interpreter that answers the launchers' question about its torch as a CUDA build would: version, CUDA
-    version, GPUs it can use, CPU cores."""
-    return executable(path, f'#!/bin/sh\necho "{torch_version} {cuda} {gpus} 64"\n')
 
 
 def test_a_cuda_torch_is_shown_with_its_gpus_and_bounds_the_process_count(tmp_path):
@@ -194,10 +198,9 @@ def test_an_interpreter_that_cannot_run_the_launch_is_one_line(tmp_path, interpr
     assert result.stderr.splitlines() == [expected]
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason='this torch can use the GPUs it sees')
 def test_slurm_launchers_check_the_interpreter_before_submitting(tmp_path):
     fake_srun = executable(tmp_path / 'bin' / 'srun', '#!/bin/sh\necho submitted\n')
-    env = launcher_env(tmp_path, PYTHON=sys.executable, PATH=f'{osp.dirname(fake_srun)}:{os.environ["PATH"]}')
+    env = launcher_env(tmp_path, PYTHON=cpu_torch(tmp_path), PATH=f'{osp.dirname(fake_srun)}:{os.environ["PATH"]}')
     result = launch(['slurm_train.sh', 'gpu', 'job', DET_CONFIG, 'work'], env, tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout == 'submitted\n'

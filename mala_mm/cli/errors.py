@@ -44,6 +44,12 @@ def missing_file(path: str, what: str) -> List[str]:
     return [] if os.path.isfile(path) else [f'{what} {path!r} does not exist']
 
 
+def missing_local_file(path: str, what: str) -> List[str]:
+    """``missing_file`` for a path that may also be a URL (``https://``, ``s3://``, ``torchvision://`` ...), which
+    the loader fetches and which is not checked here."""
+    return [] if '://' in path else missing_file(path, what)
+
+
 def require_file(path: str, what: str) -> None:
     """Stop with ``error: <what> '<path>' does not exist`` unless ``path`` is a file."""
     for problem in missing_file(path, what):

@@ -14,7 +14,7 @@ from torch import nn
 from mala_mm.checkpoint import CheckpointError, load_backbone_weights
 from mala_mm.models import MALA, MALAConfigError
 
-from .errors import build_error_message, fail, require_file
+from .errors import build_error_message, fail, missing_local_file
 from .runner import config_errors
 
 # what the registry raises on a config it cannot build: a type no registry knows (KeyError), an argument the class
@@ -33,8 +33,9 @@ def _stop_on(*errors):
 
 def _require_local_checkpoint(checkpoint: Optional[str]) -> None:
     """Before anything is built: a local checkpoint that does not exist (a URL is fetched by the loader)."""
-    if checkpoint and '://' not in checkpoint:
-        require_file(checkpoint, 'checkpoint')
+    if checkpoint:
+        for problem in missing_local_file(checkpoint, 'checkpoint'):
+            fail(problem)
 
 
 def build_model(cfg: Config, checkpoint: Optional[str] = None, device: str = 'cpu') -> nn.Module:

@@ -14,7 +14,7 @@ from mmengine.config import Config, DictAction
 from mmengine.dist import init_dist
 
 from .config_check import config_problems
-from .errors import (ERROR_STATUS, build_error_message, fail, is_main_process, local_rank, missing_file, print_error,
+from .errors import (ERROR_STATUS, build_error_message, fail, is_main_process, local_rank, missing_local_file, print_error,
                      require_file)
 
 SCOPES = ('mmdet', 'mmseg')  # the config's default_scope picks the library
@@ -85,13 +85,12 @@ def _pretrained_checkpoints(node, path: str = 'model') -> Iterator[Tuple[str, st
 def missing_weight_files(cfg, load_from_name: str = 'load_from') -> List[str]:
     """One line per local weights file that training ``cfg`` reads and that does not exist: the ``Pretrained``
     init_cfgs (read before a resumed run's checkpoint too) and ``load_from``, called ``load_from_name`` in the
-    line. URLs (``https://``, ``s3://``, ``torchvision://`` ...) are fetched by the loader and not checked here."""
+    line. URLs are fetched by the loader and not checked here."""
     problems = [f'{problem}; the ImageNet weights and where they go: docs/get_started.md#weights'
-                for where, file in _pretrained_checkpoints(cfg.get('model')) if '://' not in file
-                for problem in missing_file(file, where)]
-    load_from = cfg.get('load_from')
-    if load_from and '://' not in load_from:
-        problems += missing_file(load_from, load_from_name)
+                for where, file in _pretrained_checkpoints(cfg.get('model'))
+                for problem in missing_local_file(file, where)]
+    if cfg.get('load_from'):
+        problems += missing_local_file(cfg.load_from, load_from_name)
     return problems
 
 
