@@ -2,18 +2,23 @@
 # Create or reuse the virtual environment .venv at the repository root and install what is missing.
 # Idempotent: a second run with nothing changed returns in about a second.
 #
-# With a CUDA torch (TORCH_SPEC), mmcv is built with its CUDA ops (FORCE_CUDA=1), for the GPU architectures in
-# TORCH_CUDA_ARCH_LIST if set, else torch's default (those of the GPUs visible during the build); that needs the
-# CUDA toolkit (nvcc) of torch's CUDA version.
+# mmcv is built from source (it has no wheels on PyPI), with the ops the machine can run:
+# - with its CUDA ops where torch has CUDA and there are GPU architectures to compile for (TORCH_CUDA_ARCH_LIST,
+#   else those of the visible GPUs). The build uses a complete CUDA toolkit of torch's CUDA major version:
+#   CUDA_HOME (or the one torch's extension builder finds) if it is complete, else PyPI's cuda-toolkit of the
+#   version torch itself was built against, installed into .venv; and the C++ standard torch's headers require.
+# - with its CPU ops otherwise (a CPU torch, or a CUDA torch on a machine without a visible GPU): the demo and the
+#   tests run on CPU, and a line says what to set for GPU training.
 #
 # Environment variables:
-#   PYTHON                interpreter used to create .venv (default: python3; the stack is tested on 3.11)
+#   PYTHON                interpreter used to create .venv (default: python3; see SUPPORTED_PYTHONS)
 #   TORCH_SPEC            pip requirement for torch (default: torch==2.13.0; set it for your CUDA build)
 #   MMCV_WHEEL_DIR        a directory holding a prebuilt mmcv 2.1.0 wheel for this torch and Python
 #   MALA_MM_CACHE         where built mmcv wheels are kept between checkouts (default: ~/.cache/mala_mm)
 #   TORCH_CUDA_ARCH_LIST  GPU architectures the CUDA ops are compiled for, e.g. "8.0;9.0"
+#   CUDA_HOME             a CUDA toolkit to build the CUDA ops with
 #
-# Sourcing it defines its functions without installing anything (the tests use build_progress).
+# Sourcing it defines its functions without installing anything (the tests call them).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,30 +27,51 @@ PY="$VENV/bin/python"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 MMCV_VERSION=2.1.0
 CACHE="${MALA_MM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mala_mm}"
+# the Pythons the whole stack (mmcv's build included) has been set up and tested with (docs/get_started.md)
+SUPPORTED_PYTHONS="3.11"
 
 log() { printf '[setup_env] %s\n' "$*" >&2; }
 
 # Everything that decides what gets installed (not where mmcv comes from); a change in any of it triggers a new
 # install pass.
 stamp_inputs() {
-    printf '%s\n' "$TORCH_SPEC" "$MMCV_VERSION"
+    printf '%s\n' "$TORCH_SPEC" "$MMCV_VERSION" "${TORCH_CUDA_ARCH_LIST:-}"
     cat "$ROOT/setup.py" "$ROOT/tools/setup_env.sh"
 }
 
 pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
 
-# Succeeds when the installed mmcv is $MMCV_VERSION and its compiled ops run where training will run them: NMS
-# on CUDA tensors with a CUDA torch and a GPU, else on CPU tensors. With a CUDA torch, an mmcv built without
-# CUDA ops is refused even where no GPU is visible to try them. Otherwise prints why not, in one line.
+# Stops, before anything is downloaded, when the interpreter $1 that would create .venv is not a Python the
+# stack is set up with, saying which to use instead.
+check_python() {
+    local version
+    if ! version="$("$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)"; then
+        log "error: '$1' is not a Python interpreter; set PYTHON to one (Python $SUPPORTED_PYTHONS)"
+        exit 2
+    fi
+    if [[ " $SUPPORTED_PYTHONS " != *" $version "* ]]; then
+        log "error: $1 is Python $version, and the stack is set up and tested with Python $SUPPORTED_PYTHONS" \
+            "only (mmcv $MMCV_VERSION is built here from source): install Python ${SUPPORTED_PYTHONS%% *}" \
+            "(e.g. 'uv python install ${SUPPORTED_PYTHONS%% *}' or pyenv) and run again with" \
+            "PYTHON=python${SUPPORTED_PYTHONS%% *}"
+        exit 2
+    fi
+}
+
+# Succeeds when the installed mmcv is $MMCV_VERSION and its compiled ops run where training will run them. $1:
+# the ops it must have, "cuda" or "cpu" (default: cuda for a CUDA torch). With "cuda", an mmcv without CUDA ops
+# is refused, and NMS runs on CUDA tensors where a GPU is visible; else NMS runs on CPU tensors. Otherwise
+# prints why not, in one line.
 mmcv_works() {
-    "$PY" - <<PYCODE 2>/dev/null
-import sys
+    MMCV_OPS="${1:-}" "$PY" - <<PYCODE 2>/dev/null
+import os, sys
 try:
     import torch, mmcv, mmcv.ops
     assert mmcv.__version__ == "$MMCV_VERSION", f'mmcv {mmcv.__version__} is installed, not $MMCV_VERSION'
-    if torch.version.cuda and mmcv.ops.get_compiling_cuda_version() == 'not available':
-        raise RuntimeError(f'mmcv was built without CUDA ops, and torch {torch.__version__} has CUDA')
-    device = 'cuda' if torch.version.cuda and torch.cuda.is_available() else 'cpu'
+    cuda_ops = os.environ['MMCV_OPS'] == 'cuda' if os.environ['MMCV_OPS'] else bool(torch.version.cuda)
+    if cuda_ops and mmcv.ops.get_compiling_cuda_version() == 'not available':
+        raise RuntimeError(f'mmcv was built without CUDA ops, and torch {torch.__version__} is to train on CUDA')
+    device = 'cuda' if cuda_ops and torch.cuda.is_available() else 'cpu'
     # boxes 0 and 1 overlap with IoU 0.81, so NMS at 0.5 keeps boxes 0 and 2
     boxes = torch.tensor([[0., 0., 10., 10.], [1., 1., 10., 10.], [20., 20., 30., 30.]], device=device)
     kept = mmcv.ops.nms(boxes, torch.tensor([0.9, 0.8, 0.7], device=device), 0.5)[1]
@@ -56,36 +82,44 @@ except Exception as err:
 PYCODE
 }
 
-install_mmcv_wheel() {  # $1: a wheel file; succeeds only if the installed mmcv then works with this torch
+install_mmcv_wheel() {  # $1: a wheel file, $2: the ops it must have; succeeds only if the installed mmcv then works
     log "installing $1"
     local problem
     # --no-deps --force-reinstall replaces a broken mmcv of the same version; the second call adds its dependencies
     pip_install --no-deps --force-reinstall "$1" && pip_install "$1" || return 1
-    if ! problem="$(mmcv_works)"; then
+    if ! problem="$(mmcv_works "$2")"; then
         log "$1 does not work with this torch/Python (${problem:-its check crashed})"
         return 1
     fi
 }
 
 # One line about the installed torch, for building mmcv against it: its version, its CUDA version ("cpu"
-# without), the GPU architectures a build compiles for (TORCH_CUDA_ARCH_LIST, else torch's default: those of
-# the visible GPUs; "none" without either), the Python tag, and the CUDA toolkit torch's extension builder
-# uses ("none" where it finds none).
+# without), the GPU architectures a build compiles for (TORCH_CUDA_ARCH_LIST, else those of the visible GPUs;
+# "none" without either), the Python tag, the CUDA toolkit torch's extension builder finds ("none" where it
+# finds none), the C++ standard torch's headers require (17 or 20), and the version of PyPI's cuda-toolkit torch
+# was built against ("none" for builds that do not depend on it).
 torch_build_facts() {
     "$PY" - <<'PYCODE'
-import os, sys, torch
-from torch.utils.cpp_extension import CUDA_HOME
-archs = os.environ.get('TORCH_CUDA_ARCH_LIST', '').replace(';', ' ').split() or sorted(
-    {'%d.%d' % torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
+import os, re, sys, torch
+from importlib import metadata
+from torch.utils.cpp_extension import CUDA_HOME, include_paths
+archs = os.environ.get('TORCH_CUDA_ARCH_LIST', '').replace(';', ' ').split()
+if torch.version.cuda and not archs and torch.cuda.is_available():
+    archs = sorted({'%d.%d' % torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
+with open(os.path.join(include_paths()[0], 'ATen', 'ATen.h')) as header:
+    cxx_standard = 20 if 'C++20 or later' in header.read() else 17
+toolkit = next((m.group(1) for m in map(re.compile(r'cuda-toolkit\[.*\]==([0-9.]+)').match,
+                                        metadata.requires('torch') or []) if m), 'none')
 print(torch.__version__, torch.version.cuda or 'cpu', '_'.join(archs) or 'none',
-      f'cp{sys.version_info.major}{sys.version_info.minor}', CUDA_HOME or 'none')
+      f'cp{sys.version_info.major}{sys.version_info.minor}', CUDA_HOME or 'none', cxx_standard, toolkit)
 PYCODE
 }
 
-# The build an mmcv wheel is for, as the name of its cache folder, from torch_build_facts' first four fields:
-# e.g. mmcv2.1.0-torch2.5.1+cu124-cuda12.4-sm8.0_9.0-cp311 or mmcv2.1.0-torch2.13.0+cpu-cpu-cp311. A CPU wheel
-# then never stands in for a CUDA one, nor one GPU generation's for another's where machines share the cache.
-mmcv_build_name() {  # $1: torch version, $2: CUDA version or cpu, $3: architectures, $4: Python tag
+# The build an mmcv wheel is for, as the name of its cache folder: $1 torch version, $2 the ops ("cpu", or the
+# CUDA version they are built with), $3 GPU architectures, $4 Python tag; e.g.
+# mmcv2.1.0-torch2.13.0+cu130-cuda13.0-sm8.0_9.0-cp311 or mmcv2.1.0-torch2.13.0+cu130-cpu-cp311. A CPU wheel then
+# never stands in for a CUDA one, nor one GPU generation's for another's where machines share the cache.
+mmcv_build_name() {
     local build=cpu
     [[ "$2" == cpu ]] || build="cuda$2-sm$3"
     echo "mmcv$MMCV_VERSION-torch$1-$build-$4"
@@ -112,38 +146,152 @@ show_progress() {
     wait "$pid"
 }
 
-# Build mmcv's wheel with its ops into the cache folder $1, against a torch with CUDA version $2 ("cpu": CPU ops
-# only), for the GPU architectures $3, with the CUDA toolkit at $4 (torch_build_facts' fields).
+# Why the folder $1 is not a CUDA toolkit that builds mmcv's CUDA ops against a torch of CUDA $2, in a few
+# words; nothing where it is one: nvcc of the same major version, and the runtime, cuBLAS and cuSPARSE headers
+# that mmcv's sources include.
+toolkit_gaps() {
+    local home="$1" want_major="${2%%.*}" version header
+    if [[ ! -x "$home/bin/nvcc" ]]; then echo "no bin/nvcc"; return; fi
+    version="$("$home/bin/nvcc" --version | grep -oE 'release [0-9]+\.[0-9]+' | cut -d' ' -f2)"
+    if [[ "${version%%.*}" != "$want_major" ]]; then echo "nvcc is CUDA ${version:-of no known version}"; return; fi
+    for header in cuda_runtime.h cublas_v2.h cusparse.h; do
+        [[ -f "$home/include/$header" ]] || { echo "no include/$header"; return; }
+    done
+}
+
+# The CUDA toolkit to build with, for a torch of CUDA $1 whose extension builder found $2 and that was built
+# against PyPI's cuda-toolkit $3 ("none" if not): CUDA_HOME or $2 where complete, else that cuda-toolkit's
+# compiler and headers installed into .venv. Stops with what to install where there is none.
+find_cuda_toolkit() {
+    local torch_cuda="$1" found="$2" pypi_toolkit="$3" home gaps="" site
+    for home in "${CUDA_HOME:-}" "$found"; do
+        [[ -n "$home" && "$home" != none ]] || continue
+        local why
+        why="$(toolkit_gaps "$home" "$torch_cuda")"
+        [[ -z "$why" ]] && { echo "$home"; return; }
+        gaps+="${gaps:+; }$home: $why"
+    done
+    if [[ "$pypi_toolkit" == none ]]; then
+        log "error: building mmcv's CUDA ops for torch's CUDA $torch_cuda needs a complete CUDA ${torch_cuda%%.*}" \
+            "toolkit (${gaps:-none found}); install one and set CUDA_HOME to it"
+        exit 1
+    fi
+    log "no complete CUDA toolkit (${gaps:-none found}); installing PyPI's cuda-toolkit $pypi_toolkit, the one" \
+        "torch was built against, into $VENV"
+    pip_install "cuda-toolkit[nvcc,cccl,crt,cudart,cublas,cusparse]==$pypi_toolkit" >&2
+    site="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    home="$site/nvidia/cu${torch_cuda%%.*}"
+    gaps="$(toolkit_gaps "$home" "$torch_cuda")"
+    if [[ -n "$gaps" ]]; then
+        log "error: PyPI's cuda-toolkit $pypi_toolkit in $home is not complete ($gaps)"
+        exit 1
+    fi
+    echo "$home"
+}
+
+# A folder holding libcudart.so for the link (-lcudart), where the toolkit $1 has only the versioned runtime
+# (PyPI's runtime ships libcudart.so.13 alone); printed, or nothing where the toolkit has it.
+unversioned_cudart() {
+    local home="$1" dir runtime links
+    for dir in "$home/lib64" "$home/lib"; do
+        [[ -e "$dir/libcudart.so" ]] && return
+    done
+    runtime="$(ls "$home"/lib64/libcudart.so.* "$home"/lib/libcudart.so.* 2>/dev/null | head -1 || true)"
+    [[ -n "$runtime" ]] || return
+    links="$(mktemp -d)"
+    ln -s "$runtime" "$links/libcudart.so"
+    echo "$links"
+}
+
+# mmcv's source, unpacked into the folder $1, set to the C++ standard $2 that torch's headers require: mmcv
+# $MMCV_VERSION's setup.py passes -std=c++17 to g++ and nvcc, and torch >= 2.14 refuses anything below C++20.
+mmcv_source() {
+    local into="$1" standard="$2"
+    "$PY" -m pip download --disable-pip-version-check -q --no-deps --no-binary mmcv --no-build-isolation \
+        -d "$into" "mmcv==$MMCV_VERSION" >&2
+    tar -xzf "$into/mmcv-$MMCV_VERSION.tar.gz" -C "$into"
+    if [[ "$standard" != 17 ]]; then
+        log "torch requires C++$standard; building mmcv with -std=c++$standard in place of its setup.py's c++17"
+        sed -i "s/-std=c++17/-std=c++$standard/g" "$into/mmcv-$MMCV_VERSION/setup.py"
+    fi
+    echo "$into/mmcv-$MMCV_VERSION"
+}
+
+# Build mmcv's wheel into the cache folder $1: $2 the ops ("cpu", or the CUDA version for its CUDA ops), $3 the
+# GPU architectures, $4 the CUDA toolkit, $5 the C++ standard.
 build_mmcv() {
-    local cached_dir="$1" torch_cuda="$2" cuda_archs="$3" cuda_home="$4" force_cuda=0 build_dir build_log
-    if [[ "$torch_cuda" != cpu ]]; then
+    local cached_dir="$1" ops="$2" cuda_archs="$3" cuda_home="$4" standard="$5" force_cuda=0 build_dir build_log
+    local source cudart_dir=""
+    if [[ "$ops" != cpu ]]; then
         force_cuda=1
-        if [[ ! -x "$cuda_home/bin/nvcc" ]]; then
-            log "torch has CUDA $torch_cuda, and its CUDA ops need that version's nvcc to build: install the CUDA" \
-                "toolkit and set CUDA_HOME to it (torch's extension builder found: $cuda_home)"
-            exit 1
-        fi
-        if [[ "$cuda_archs" == none ]]; then
-            log "no GPU is visible to compile mmcv's CUDA ops for; set TORCH_CUDA_ARCH_LIST to the GPUs' compute" \
-                "capabilities, e.g. TORCH_CUDA_ARCH_LIST=\"8.0;9.0\" for A100 and H100"
-            exit 1
-        fi
-        log "building with the CUDA ops for the architectures $cuda_archs, nvcc of $cuda_home"
+        cudart_dir="$(unversioned_cudart "$cuda_home")"
+        # for the download too: mmcv's setup.py, which pip runs to read its metadata, asks for CUDA_HOME
+        export CUDA_HOME="$cuda_home" PATH="$cuda_home/bin:$PATH" TORCH_CUDA_ARCH_LIST="${cuda_archs//_/;}"
+        export LIBRARY_PATH="${cudart_dir:+$cudart_dir:}${LIBRARY_PATH:-}"
+        log "building with the CUDA ops for the architectures ${cuda_archs//_/, }, nvcc of $cuda_home"
     fi
     mkdir -p "$cached_dir"
     build_dir="$(mktemp -d)"
     build_log="$cached_dir/build.log"
-    log "building mmcv $MMCV_VERSION with its ops from source (15-30 minutes on 2 cores); whole output: $build_log"
+    source="$(mmcv_source "$build_dir" "$standard")"
+    log "building mmcv $MMCV_VERSION with its ops from source (CPU ops: 15-30 minutes on 2 cores; CUDA ops: much" \
+        "longer); whole output: $build_log"
     MMCV_WITH_OPS=1 FORCE_CUDA="$force_cuda" MAX_JOBS="${MAX_JOBS:-$(nproc)}" \
         "$PY" -m pip wheel --disable-pip-version-check -v --no-build-isolation --no-deps \
-        -w "$build_dir" "mmcv==$MMCV_VERSION" > "$build_log" 2>&1 &
+        -w "$build_dir" "$source" > "$build_log" 2>&1 &
     if ! show_progress $! "$build_log"; then
         tail -20 "$build_log" >&2
         log "the mmcv build failed; whole output: $build_log"
         exit 1
     fi
     mv "$build_dir"/mmcv-*.whl "$cached_dir"/
-    rmdir "$build_dir"
+    rm -rf "$build_dir" ${cudart_dir:+"$cudart_dir"}
+}
+
+# Installs an mmcv $MMCV_VERSION whose ops fit torch and the machine: a working one stays; else a wheel from
+# MMCV_WHEEL_DIR or the cache; else one built here.
+install_mmcv() {
+    local torch_version torch_cuda cuda_archs py_tag cuda_home standard pypi_toolkit ops=cpu
+    read -r torch_version torch_cuda cuda_archs py_tag cuda_home standard pypi_toolkit <<< "$(torch_build_facts)"
+    if [[ "$torch_cuda" != cpu ]]; then
+        if [[ "$cuda_archs" == none ]]; then
+            log "torch $torch_version has CUDA $torch_cuda, but no GPU is visible and TORCH_CUDA_ARCH_LIST is" \
+                "unset: mmcv gets its CPU ops, and this environment trains on CPU; for GPU training set" \
+                "TORCH_CUDA_ARCH_LIST to the GPUs' compute capabilities (e.g. \"8.0;9.0\" for A100 and H100)" \
+                "and run again"
+        else
+            ops="$torch_cuda"
+        fi
+    fi
+    local want=cpu
+    [[ "$ops" == cpu ]] || want=cuda
+    mmcv_works "$want" > /dev/null && return
+
+    local mmcv_source="$VENV/.mala_mm_mmcv_source" cached_dir dir whl
+    cached_dir="$CACHE/wheels/$(mmcv_build_name "$torch_version" "$ops" "$cuda_archs" "$py_tag")"
+    for dir in "${MMCV_WHEEL_DIR:-}" "$cached_dir"; do
+        [[ -n "$dir" && -d "$dir" ]] || continue
+        for whl in "$dir"/mmcv-"$MMCV_VERSION"-*.whl; do
+            [[ -f "$whl" ]] || continue
+            if install_mmcv_wheel "$whl" "$want"; then
+                if [[ "$dir" == "$cached_dir" ]]; then
+                    echo "cached wheel $whl" > "$mmcv_source"
+                else
+                    echo "wheel directory $whl" > "$mmcv_source"
+                fi
+                return
+            fi
+        done
+    done
+    if [[ "$ops" != cpu ]]; then
+        cuda_home="$(find_cuda_toolkit "$torch_cuda" "$cuda_home" "$pypi_toolkit")"
+    fi
+    build_mmcv "$cached_dir" "$ops" "$cuda_archs" "$cuda_home" "$standard"
+    if ! install_mmcv_wheel "$cached_dir"/mmcv-"$MMCV_VERSION"-*.whl "$want"; then
+        log "the built mmcv does not work"
+        exit 1
+    fi
+    echo "source build, kept as $(ls "$cached_dir"/mmcv-"$MMCV_VERSION"-*.whl)" > "$mmcv_source"
 }
 
 main() {
@@ -154,6 +302,7 @@ main() {
     fi
 
     if [[ ! -x "$PY" ]]; then
+        check_python "${PYTHON:-python3}"
         log "creating $VENV"
         "${PYTHON:-python3}" -m venv "$VENV"
     fi
@@ -162,38 +311,7 @@ main() {
     # resolution import pkg_resources, which setuptools 82 removed.
     pip_install "setuptools>=77.0.3,<82" wheel ninja numpy
     pip_install "$TORCH_SPEC"
-
-    # Where the installed mmcv came from, for the test suite's header: a slow run explains itself.
-    local mmcv_source="$VENV/.mala_mm_mmcv_source"
-    if ! mmcv_works > /dev/null; then
-        local torch_version torch_cuda cuda_archs py_tag cuda_home cached_dir dir whl installed=0
-        read -r torch_version torch_cuda cuda_archs py_tag cuda_home <<< "$(torch_build_facts)"
-        cached_dir="$CACHE/wheels/$(mmcv_build_name "$torch_version" "$torch_cuda" "$cuda_archs" "$py_tag")"
-        for dir in "${MMCV_WHEEL_DIR:-}" "$cached_dir"; do
-            [[ -n "$dir" && -d "$dir" ]] || continue
-            for whl in "$dir"/mmcv-"$MMCV_VERSION"-*.whl; do
-                [[ -f "$whl" ]] || continue
-                if install_mmcv_wheel "$whl"; then
-                    installed=1
-                    if [[ "$dir" == "$cached_dir" ]]; then
-                        echo "cached wheel $whl" > "$mmcv_source"
-                    else
-                        echo "wheel directory $whl" > "$mmcv_source"
-                    fi
-                    break 2
-                fi
-            done
-        done
-        if [[ $installed == 0 ]]; then
-            build_mmcv "$cached_dir" "$torch_cuda" "$cuda_archs" "$cuda_home"
-            if ! install_mmcv_wheel "$cached_dir"/mmcv-"$MMCV_VERSION"-*.whl; then
-                log "the built mmcv does not work"
-                exit 1
-            fi
-            echo "source build, kept as $(ls "$cached_dir"/mmcv-"$MMCV_VERSION"-*.whl)" > "$mmcv_source"
-        fi
-    fi
-
+    install_mmcv
     pip_install -e "$ROOT[tests,deploy]"
     echo "$want_stamp" > "$stamp"
     log "ready: $VENV"
