@@ -1,11 +1,14 @@
 """Reading checkpoints as data, and loading MALA backbone weights from the formats users have.
 
-Every checkpoint is read with ``torch.load(weights_only=True)``; the only classes its pickle may build are
-those in :data:`SAFE_GLOBALS`, which the released and mmengine checkpoints legitimately carry.
-:func:`use_safe_loading` makes mmengine's own loading (``load_from``, ``resume``, any ``Pretrained`` init) do
-the same.
+Every checkpoint is read through a restricted unpickler: the only globals its pickle may name are torch's own
+allow-list for ``weights_only`` loading and :data:`SAFE_GLOBALS`, which the released and mmengine checkpoints
+legitimately carry. It is this module's own, so it is equally strict on every torch, whether or not that torch
+has the safe-globals API. :func:`use_safe_loading` makes mmengine's own loading (``load_from``, ``resume``, any
+``Pretrained`` init) do the same.
 """
+import _compat_pickle
 import argparse
+import functools
 import logging
 import os
 import pickle
@@ -59,12 +62,57 @@ def _local_path(filename: str) -> str:
         path = os.path.join(cache_dir, os.path.basename(urlparse(filename).path))
         if not os.path.exists(path):
             os.makedirs(cache_dir, exist_ok=True)
-            torch.hub.download_url_to_file(filename, path + '.part')
-            os.replace(path + '.part', path)
+            # a file of this process's own, moved into place whole: the processes of a job download at once
+            partial = f'{path}.{os.getpid()}.part'
+            torch.hub.download_url_to_file(filename, partial)
+            os.replace(partial, path)
         return path
     if not os.path.isfile(filename):
         raise CheckpointNotFoundError(f'checkpoint {filename!r} does not exist; pass a file path or an http(s) URL')
     return filename
+
+
+@functools.lru_cache(maxsize=None)
+def _allowed_objects() -> Dict[str, object]:
+    """'module.name' -> object, for every global a checkpoint's pickle may name: torch's own allow-list for
+    ``weights_only`` loading and :data:`SAFE_GLOBALS` (a ``(callable, name)`` entry stands in for ``name``)."""
+    from torch import _weights_only_unpickler
+    allowed = dict(_weights_only_unpickler._get_allowed_globals())
+    for entry in SAFE_GLOBALS:
+        if isinstance(entry, tuple):
+            allowed[entry[1]] = entry[0]
+        else:
+            allowed[f'{entry.__module__}.{entry.__qualname__}'] = entry
+    return allowed
+
+
+def _python3_name(module: str, name: str) -> str:
+    """'module.name' as Python 3 resolves a global of a protocol-2 pickle (``__builtin__.set`` is
+    ``builtins.set``), which is the protocol torch saves with."""
+    module, name = _compat_pickle.NAME_MAPPING.get((module, name), (module, name))
+    return f'{_compat_pickle.IMPORT_MAPPING.get(module, module)}.{name}'
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """An unpickler that builds nothing but the allowed globals: any other name is refused before it is
+    imported, so nothing a hostile pickle names is run."""
+
+    def find_class(self, module: str, name: str):
+        full_name = _python3_name(module, name)
+        try:
+            return _allowed_objects()[full_name]
+        except KeyError:
+            raise pickle.UnpicklingError(f'refused: {full_name}') from None
+
+
+class _RestrictedPickle:
+    """The ``pickle_module`` torch.load reads a checkpoint's pickle with."""
+    Unpickler = _RestrictedUnpickler
+    UnpicklingError = pickle.UnpicklingError
+
+    @staticmethod
+    def load(file, **kwargs):
+        return _RestrictedUnpickler(file, **kwargs).load()
 
 
 def safe_load(filename: str, map_location='cpu'):
@@ -78,22 +126,10 @@ def safe_load(filename: str, map_location='cpu'):
     """
     path = _local_path(filename)
     try:
-        with torch.serialization.safe_globals(SAFE_GLOBALS):
-            return torch.load(path, map_location=map_location, weights_only=True)
+        # weights_only=False only hands the unpickling to _RestrictedPickle, which is as strict
+        return torch.load(path, map_location=map_location, pickle_module=_RestrictedPickle, weights_only=False)
     except Exception as err:  # the unpickler and the zip reader fail in many ways on bytes that are no checkpoint
         raise CheckpointError(_why_unreadable(filename, path, err)) from None
-
-
-def _allowed_globals() -> set:
-    """'module.name' of every global a checkpoint's pickle may name: torch's own allow-list and ours."""
-    from torch import _weights_only_unpickler
-    names = set(_weights_only_unpickler._get_allowed_globals())
-    for entry in SAFE_GLOBALS:
-        if isinstance(entry, tuple):
-            names.add(entry[1])
-        else:
-            names.add(f'{entry.__module__}.{entry.__qualname__}')
-    return names
 
 
 def pickle_globals(data: bytes) -> List[str]:
@@ -102,7 +138,6 @@ def pickle_globals(data: bytes) -> List[str]:
     Python 2 names that protocol-2 pickles use (``commands.Popen``) are given as Python 3 names
     (``subprocess.Popen``), as the unpickler would resolve them.
     """
-    import _compat_pickle
     import pickletools
     names, strings, memo = [], [], {}
     try:
@@ -121,8 +156,7 @@ def pickle_globals(data: bytes) -> List[str]:
                 module, name = strings[-2], strings[-1]
             else:
                 continue
-            module, name = _compat_pickle.NAME_MAPPING.get((module, name), (module, name))
-            names.append(f'{_compat_pickle.IMPORT_MAPPING.get(module, module)}.{name}')
+            names.append(_python3_name(module, name))
     except Exception:  # a truncated stream: the globals before the cut are what matters
         pass
     return names
@@ -158,10 +192,9 @@ def _why_unreadable(filename: str, path: str, err: Exception) -> str:
         first_line = head.decode('utf-8', 'replace').strip().splitlines()[0][:60]
         return (f'cannot read checkpoint {filename!r}: it is a text file, not a PyTorch checkpoint (it begins '
                 f'{first_line!r}); a failed download often saves an error page')
-    allowed = _allowed_globals()
+    allowed = _allowed_objects()
     refused = [name for stream in _pickle_streams(path) for name in pickle_globals(stream) if name not in allowed]
     refused = list(dict.fromkeys(refused))
-    # torch 2.9 and later put the unpickler's message on a line of its own; 2.6 to 2.8 after their own words
     own_refusal = next((line.split('refused: ', 1)[1].strip() for line in str(err).splitlines()
                         if 'refused: ' in line), None)
     if refused or own_refusal:
@@ -267,11 +300,9 @@ def load_backbone_weights(model: nn.Module, filename: str, prefix: Optional[str]
 
 
 def use_safe_loading() -> None:
-    """Make mmengine read every checkpoint as :func:`safe_load` does.
-
-    Local files (``load_from``, ``resume``, ``init_cfg=dict(type='Pretrained')`` of any model) go through
-    :func:`safe_load` and its clear errors; URLs keep mmengine's loader, whose ``torch.load`` allows
-    :data:`SAFE_GLOBALS` too. Without this, torch >= 2.6 refuses mmengine's own checkpoints on resume.
-    """
-    torch.serialization.add_safe_globals(SAFE_GLOBALS)
+    """Make mmengine read every checkpoint as :func:`safe_load` does: local files (``load_from``, ``resume``,
+    ``init_cfg=dict(type='Pretrained')`` of any model) and http(s) URLs, with :func:`safe_load`'s clear errors.
+    Without this, torch >= 2.6 refuses mmengine's own checkpoints on resume (their meta holds HistoryBuffer and
+    numpy objects), and older torch reads any pickle with no restriction at all."""
     CheckpointLoader.register_scheme(prefixes='', loader=safe_load, force=True)
+    CheckpointLoader.register_scheme(prefixes=('http://', 'https://'), loader=safe_load, force=True)

@@ -4,6 +4,7 @@ import importlib
 import logging
 import os
 import subprocess
+import sys
 import zipfile
 
 import numpy as np
@@ -98,6 +99,43 @@ def test_loads_mmengine_checkpoint_with_message_hub(tmp_path, small_arch):
     model = pretrained(dict(arch=small_arch), path)
     for key, value in source.state_dict().items():
         assert torch.equal(model.state_dict()[key], value)
+
+
+def test_safety_does_not_depend_on_torchs_safe_globals_api(tmp_path):
+    """On a torch without ``torch.serialization.safe_globals`` (before 2.4) or ``add_safe_globals`` (before 2.5),
+    mmengine's checkpoints load, in the zip and the legacy format, and a hostile pickle is still refused: the
+    restriction is this package's own unpickler, not torch's lists."""
+    script = f"""
+import os, numpy as np, torch
+from mmengine.logging import HistoryBuffer
+from hostile_pickles import Calls
+from mala_mm.checkpoint import CheckpointError, safe_load
+del torch.serialization.safe_globals, torch.serialization.add_safe_globals  # torch's own modules use them
+buffer = HistoryBuffer()
+buffer.update(0.5)
+checkpoint = {{'meta': {{'message_hub': {{'log_scalars': {{'loss': buffer}}, 'lr': np.float64(1e-4)}}}},
+              'state_dict': {{'w': torch.arange(3.)}}}}
+for zip_format in (True, False):
+    path = os.path.join({str(tmp_path)!r}, f'zip_{{zip_format}}.pth')
+    torch.save(checkpoint, path, _use_new_zipfile_serialization=zip_format)
+    loaded = safe_load(path)
+    assert torch.equal(loaded['state_dict']['w'], torch.arange(3.)), zip_format
+    assert loaded['meta']['message_hub']['log_scalars']['loss'].mean() == 0.5, zip_format
+    hostile = os.path.join({str(tmp_path)!r}, f'hostile_{{zip_format}}.pth')
+    marker = hostile + '.ran'
+    torch.save({{'payload': Calls(os.system, (f'touch {{marker}}', ))}}, hostile,
+               _use_new_zipfile_serialization=zip_format)
+    try:
+        safe_load(hostile)
+        raise AssertionError(f'{{hostile}} was loaded')
+    except CheckpointError as err:
+        assert 'refused to load' in str(err) and 'posix.system' in str(err), err
+    assert not os.path.exists(marker), zip_format
+print('ok')
+"""
+    result = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, timeout=120,
+                            cwd=os.path.dirname(__file__))
+    assert result.returncode == 0 and result.stdout == 'ok\n', result.stdout + result.stderr
 
 
 def test_loads_own_plain_state_dict(tmp_path, small_arch):

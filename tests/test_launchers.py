@@ -8,14 +8,16 @@ import os
 import os.path as osp
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import mmcv
 import pytest
 import torch
 
-from conftest import ROOT, free_port
+from conftest import ROOT, free_port, run_tool, tool_env
 
 DET_CONFIG = osp.join(ROOT, 'configs/detection/mask_rcnn_mala_t_builtin.py')
 SEG_CONFIG = osp.join(ROOT, 'configs/segmentation/upernet_mala_t_builtin.py')
@@ -266,3 +268,80 @@ def test_mmcv_works_runs_the_compiled_nms():
     result = setup_env_function('PY="$1" && MMCV_VERSION=9.9.9 && mmcv_works', sys.executable)
     assert result.returncode == 1
     assert result.stdout == f'AssertionError: mmcv {mmcv.__version__} is installed, not 9.9.9\n'
+
+
+# The tools themselves refuse CPU on a GPU machine: on a slurm compute node, no launcher of this machine ran first
+
+
+@pytest.mark.parametrize('tool', ['train.py', 'test.py'])
+def test_the_tools_refuse_cpu_on_a_machine_with_gpus(tmp_path, tool):
+    args = [tool, DET_CONFIG] + (['missing.pth'] if tool == 'test.py' else [])
+    smi = fake_nvidia_smi(tmp_path / 'nvidia-smi', gpus=4)
+    refused = run_tool(args, tmp_path, MALA_MM_ALLOW_CPU='', MALA_MM_NVIDIA_SMI=smi)
+    assert refused.returncode == 2
+    error, = refused.stderr.splitlines()
+    assert re.fullmatch(r'error: \S+ has 4 NVIDIA GPUs, but torch \S+ (is built without CUDA|\(CUDA [0-9.]+\) '
+                        r'(cannot use them: .+|sees no GPU.*)); install the torch build for this driver '
+                        r'\(docs/get_started.md#which-torch-for-which-driver\), or set MALA_MM_ALLOW_CPU=1 to run '
+                        r'on CPU anyway', error), error
+    # a node's other processes stop as well, silently: its first process speaks for the node
+    quiet = run_tool(args, tmp_path, MALA_MM_ALLOW_CPU='', MALA_MM_NVIDIA_SMI=smi, LOCAL_RANK='1')
+    assert (quiet.returncode, quiet.stderr) == (2, '')
+    # past the check with the opt-in, or where the machine has no GPU: the next check refuses the missing data
+    for env in (dict(MALA_MM_ALLOW_CPU='1', MALA_MM_NVIDIA_SMI=smi),
+                dict(MALA_MM_ALLOW_CPU='', MALA_MM_NVIDIA_SMI='false',
+                     MALA_MM_NVIDIA_GPUS_DIR=str(tmp_path / 'no_driver'))):
+        passed = run_tool(args, tmp_path, **env)
+        assert passed.returncode == 2 and 'NVIDIA' not in passed.stderr, passed.stderr[-2000:]
+
+
+def fake_slurm(tmp_path, srun_body: str) -> dict:
+    """srun and scontrol on PATH that append their arguments, a line per call, to srun.calls and
+    scontrol.calls; srun then runs ``srun_body`` (sh)."""
+    bin_dir = tmp_path / 'slurm_bin'
+    executable(bin_dir / 'srun', f'#!/bin/sh\necho "$@" >> {tmp_path}/srun.calls\n{srun_body}\n')
+    executable(bin_dir / 'scontrol', f'#!/bin/sh\necho "$@" >> {tmp_path}/scontrol.calls\n'
+                                     f'touch {tmp_path}/requeued\n')
+    return dict(PATH=f'{bin_dir}:{os.environ["PATH"]}')
+
+
+def calls(tmp_path, program: str) -> list:
+    path = tmp_path / f'{program}.calls'
+    return path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.mark.parametrize('first_status, starts', [(1, 2), (2, 1)])
+def test_slurm_train_restarts_a_failed_step_from_the_latest_checkpoint(tmp_path, first_status, starts):
+    """--max-restarts through slurm: a step that died (exit 1: a killed rank, a lost node) starts again with
+    --resume; one that the tool itself refused (exit 2) does not, as no restart fixes a config."""
+    srun = f'if [ ! -e {tmp_path}/failed_once ]; then touch {tmp_path}/failed_once; exit {first_status}; fi'
+    result = run_tool(['slurm_train.sh', 'gpu', 'job', DET_CONFIG, 'work', '--max-restarts', '3', '--amp'],
+                      tmp_path, **fake_slurm(tmp_path, srun))
+    assert result.returncode == (0 if starts == 2 else 2), result.stderr[-2000:]
+    started = calls(tmp_path, 'srun')
+    assert len(started) == starts
+    for line in started:
+        assert line.startswith('--kill-on-bad-exit=1 -p gpu --job-name=job ')
+        assert line.endswith(f'tools/train.py {DET_CONFIG} --work-dir=work --launcher=slurm --amp --resume')
+    assert ('restart 1 of 3, resuming from the latest checkpoint' in result.stderr) == (starts == 2)
+
+
+def test_slurm_batch_resumes_and_requeues_itself_before_the_time_limit(tmp_path):
+    """The batch script as sbatch would start it on the job's first node: the step runs train.py --resume in the
+    allocation; slurm's signal before the time limit makes the job requeue itself, and the script then waits
+    for the step, which slurm ends."""
+    srun = f'for i in $(seq 300); do [ -e {tmp_path}/requeued ] && exit 0; sleep 0.1; done; exit 9'
+    env = tool_env(**fake_slurm(tmp_path, srun), SLURM_SUBMIT_DIR=ROOT, SLURM_JOB_ID='4242')
+    batch = subprocess.Popen(['bash', osp.join(ROOT, 'tools', 'slurm_batch.sh'), DET_CONFIG, 'work'], cwd=tmp_path,
+                             env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not calls(tmp_path, 'srun') and time.monotonic() < deadline:
+        time.sleep(0.1)
+    started, = calls(tmp_path, 'srun')
+    assert started == f'--kill-on-bad-exit=1 {sys.executable} -u {ROOT}/tools/train.py {DET_CONFIG} --work-dir=work ' \
+                      f'--launcher=slurm --resume'
+    batch.send_signal(signal.SIGUSR1)
+    _, stderr = batch.communicate(timeout=60)
+    assert batch.returncode == 0, stderr
+    assert calls(tmp_path, 'scontrol') == ['requeue 4242']
+    assert 'job 4242 requeues itself and resumes from the latest checkpoint' in stderr

@@ -239,8 +239,8 @@ def test_slurm_launchers_start_one_task_per_gpu(tmp_path, tool, args, expected):
                       PATH=f'{tmp_path}:{os.environ["PATH"]}', GPUS='16', SRUN_ARGS='--time=1:00:00')
     assert result.returncode == 0, result.stderr
     srun_args = result.stdout.split('\n')
-    assert srun_args[:7] == ['-p', 'gpu-partition', '--job-name=job', '--gres=gpu:8', '--ntasks=16',
-                             '--ntasks-per-node=8', '--cpus-per-task=5']
+    assert srun_args[:8] == ['--kill-on-bad-exit=1', '-p', 'gpu-partition', '--job-name=job', '--gres=gpu:8',
+                             '--ntasks=16', '--ntasks-per-node=8', '--cpus-per-task=5']
     assert srun_args[8:10] == ['--time=1:00:00', sys.executable]
     assert srun_args[11] == osp.join(ROOT, 'tools', expected[0]) and srun_args[12:-1] == expected[1:]
 

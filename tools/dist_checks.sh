@@ -1,4 +1,4 @@
-# Checks shared by dist_train.sh and dist_test.sh, run before torchrun starts any process.
+# Checks shared by the launchers (dist_*.sh, slurm_*.sh), run before any process starts.
 source "$(dirname "${BASH_SOURCE[0]}")/find_python.sh"
 
 usage_error() { echo "error: $*" >&2; exit 2; }
@@ -18,6 +18,25 @@ check_process_count() {
     fi
     (( $1 <= available )) ||
         usage_error "asked for $1 processes, but this machine has $available $what; pass GPUS <= $available"
+}
+
+# split_max_restarts [train.py options]: sets RESTARTS (the value of --max-restarts N, 0 without) and TRAIN_ARGS
+# (the other options, with --resume added where RESTARTS > 0: every restart picks up the latest checkpoint, and
+# the first start finds none).
+split_max_restarts() {
+    TRAIN_ARGS=()
+    RESTARTS=0
+    while [[ $# -gt 0 ]]; do
+        case "$1" in
+            --max-restarts) [[ $# -ge 2 ]] || usage_error "--max-restarts needs a number"; RESTARTS="$2"; shift 2 ;;
+            --max-restarts=*) RESTARTS="${1#*=}"; shift ;;
+            *) TRAIN_ARGS+=("$1"); shift ;;
+        esac
+    done
+    [[ "$RESTARTS" =~ ^[0-9]+$ ]] || usage_error "--max-restarts must be a number of restarts, got '$RESTARTS'"
+    if (( RESTARTS > 0 )) && [[ ! " ${TRAIN_ARGS[*]-} " =~ " --resume" ]]; then
+        TRAIN_ARGS+=(--resume)
+    fi
 }
 
 # torchrun with the multi-node settings upstream's scripts read from the environment. MAX_RESTARTS > 0: torchrun

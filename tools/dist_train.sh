@@ -18,18 +18,5 @@ GPUS="$2"
 check_config "$CONFIG"
 check_interpreter
 check_process_count "$GPUS"
-TRAIN_ARGS=()
-RESTARTS=0
-set -- "${@:3}"
-while [[ $# -gt 0 ]]; do
-    case "$1" in
-        --max-restarts) [[ $# -ge 2 ]] || usage_error "--max-restarts needs a number"; RESTARTS="$2"; shift 2 ;;
-        --max-restarts=*) RESTARTS="${1#*=}"; shift ;;
-        *) TRAIN_ARGS+=("$1"); shift ;;
-    esac
-done
-[[ "$RESTARTS" =~ ^[0-9]+$ ]] || usage_error "--max-restarts must be a number of restarts, got '$RESTARTS'"
-if (( RESTARTS > 0 )) && [[ ! " ${TRAIN_ARGS[*]-} " =~ " --resume" ]]; then
-    TRAIN_ARGS+=(--resume)  # every restart picks up the latest checkpoint; the first start finds none
-fi
+split_max_restarts "${@:3}"
 MAX_RESTARTS="$RESTARTS" launch "$GPUS" "$TOOLS/train.py" "$CONFIG" --launcher pytorch ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"}

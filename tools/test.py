@@ -6,7 +6,7 @@
 import argparse
 
 from mala_mm.cli import (add_common_args, config_errors, data_problems, fail, load_config, missing_file, preflight,
-                         run_runner, setup_distributed)
+                         require_gpus_where_the_machine_has_them, run_runner, setup_distributed)
 
 
 def parse_args():
@@ -48,6 +48,7 @@ def dump_predictions(cfg, args):
 
 def main():
     args = parse_args()
+    require_gpus_where_the_machine_has_them()
     cfg = load_config(args)
     cfg.load_from = args.checkpoint
     if args.show or args.show_dir:

@@ -9,7 +9,8 @@ import sys
 import torch
 
 from mala_mm.cli import (add_common_args, config_errors, data_problems, is_main_process, load_config,
-                         missing_weight_files, preflight, run_runner, setup_distributed)
+                         missing_weight_files, preflight, require_gpus_where_the_machine_has_them, run_runner,
+                         setup_distributed)
 from mala_mm.runtime import fit_optim_wrapper_to_device
 
 
@@ -29,6 +30,7 @@ def parse_args():
 
 def main():
     args = parse_args()
+    require_gpus_where_the_machine_has_them()
     cfg = load_config(args)
     change = fit_optim_wrapper_to_device(cfg.optim_wrapper, args.amp, torch.cuda.is_available())
     if change and is_main_process():
