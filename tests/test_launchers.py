@@ -345,3 +345,60 @@ def test_slurm_batch_resumes_and_requeues_itself_before_the_time_limit(tmp_path)
     assert batch.returncode == 0, stderr
     assert calls(tmp_path, 'scontrol') == ['requeue 4242']
     assert 'job 4242 requeues itself and resumes from the latest checkpoint' in stderr
+
+
+@pytest.mark.parametrize('version, refused', [('3.11', False), ('3.12', True), ('3.8', True)])
+def test_setup_checks_the_python_before_downloading_anything(tmp_path, version, refused):
+    python = executable(tmp_path / 'python3', f'#!/bin/sh\necho {version}\n')
+    result = setup_env_function('check_python "$1" && echo accepted', python)
+    if refused:
+        assert result.returncode == 2 and result.stdout == ''
+        assert result.stderr == (
+            f"[setup_env] error: {python} is Python {version}, and the stack is set up and tested with Python 3.11 "
+            f"only (mmcv 2.1.0 is built here from source): install Python 3.11 (e.g. 'uv python install 3.11' or "
+            f"pyenv) and run again with PYTHON=python3.11\n")
+    else:
+        assert (result.returncode, result.stdout) == (0, 'accepted\n'), result.stderr
+
+
+def fake_toolkit(root, release: str, headers=('cuda_runtime.h', 'cublas_v2.h', 'cusparse.h'), runtime=()):
+    """A CUDA toolkit folder whose nvcc reports ``release``, with the given headers and lib/ files."""
+    executable(root / 'bin' / 'nvcc', f'#!/bin/sh\necho "Cuda compilation tools, release {release}, V{release}.1"\n')
+    (root / 'include').mkdir()
+    for header in headers:
+        (root / 'include' / header).write_text('')
+    (root / 'lib').mkdir()
+    for name in runtime:
+        (root / 'lib' / name).write_text('')
+    return str(root)
+
+
+def test_a_cuda_toolkit_is_complete_with_nvcc_of_torchs_major_and_the_headers_mmcv_includes(tmp_path):
+    gaps = lambda home, cuda: setup_env_function('toolkit_gaps "$1" "$2"', home, cuda).stdout.strip()  # noqa: E731
+    assert gaps(fake_toolkit(tmp_path / 'complete', '13.0'), '13.0') == ''
+    assert gaps(str(tmp_path / 'complete'), '13.2') == ''  # minor versions may differ, as torch allows
+    assert gaps(str(tmp_path / 'complete'), '12.8') == 'nvcc is CUDA 13.0'
+    # the nvcc of some distributions comes without the math libraries' headers
+    assert gaps(fake_toolkit(tmp_path / 'no_cusparse', '13.0', headers=('cuda_runtime.h', 'cublas_v2.h')),
+                '13.0') == 'no include/cusparse.h'
+    assert gaps(str(tmp_path / 'nothing'), '13.0') == 'no bin/nvcc'
+
+
+def test_the_link_gets_an_unversioned_cudart_where_the_toolkit_has_only_the_versioned_one(tmp_path):
+    pypi = fake_toolkit(tmp_path / 'pypi', '13.0', runtime=('libcudart.so.13', 'libcudart_static.a'))
+    links = setup_env_function('unversioned_cudart "$1"', pypi).stdout.strip()
+    assert os.readlink(osp.join(links, 'libcudart.so')) == osp.join(pypi, 'lib', 'libcudart.so.13')
+    full = fake_toolkit(tmp_path / 'full', '13.0', runtime=('libcudart.so', 'libcudart.so.13'))
+    assert setup_env_function('unversioned_cudart "$1"', full).stdout == ''
+
+
+def test_torch_build_facts_read_the_cxx_standard_and_toolkit_from_torch_itself():
+    """This torch's facts: a CPU build's ops are CPU ops, and the C++ standard is the one its headers ask for."""
+    result = setup_env_function('PY="$1" && torch_build_facts', sys.executable)
+    assert result.returncode == 0, result.stderr
+    version, cuda, archs, py_tag, _, standard, toolkit = result.stdout.split()
+    assert version == torch.__version__ and py_tag == f'cp{sys.version_info.major}{sys.version_info.minor}'
+    headers = osp.join(osp.dirname(torch.__file__), 'include', 'ATen', 'ATen.h')
+    assert standard == ('20' if 'C++20 or later' in open(headers).read() else '17')
+    if torch.version.cuda is None:
+        assert (cuda, archs, toolkit) == ('cpu', 'none', 'none')
