@@ -22,7 +22,7 @@ from mmengine.logging import HistoryBuffer
 from mmengine.runner import CheckpointLoader
 from torch import nn
 
-_numpy_core = getattr(np, '_core', None) or np.core  # renamed in numpy 2
+_numpy_core = np.core if np.__version__.startswith('1.') else np._core  # renamed in numpy 2
 
 
 def _history_buffer_statistic(owner, name: str):
