@@ -6,6 +6,7 @@ legitimately carry. It is this module's own, so it is equally strict on every to
 has the safe-globals API. :func:`use_safe_loading` makes mmengine's own loading (``load_from``, ``resume``, any
 ``Pretrained`` init) do the same.
 """
+import _codecs
 import _compat_pickle
 import argparse
 import functools
@@ -38,8 +39,9 @@ SAFE_GLOBALS = [
     argparse.Namespace,  # `args` of the release's DeiT-style classification checkpoints
     HistoryBuffer,  # mmengine's message hub, saved under `meta`
     (_history_buffer_statistic, 'builtins.getattr'),
-    # numpy arrays and scalars inside mmengine's `meta`
-    np.ndarray, np.dtype, _numpy_core.multiarray._reconstruct, _numpy_core.multiarray.scalar,
+    # numpy arrays and scalars inside mmengine's `meta`; numpy 1.x pickles their bytes through _codecs.encode,
+    # which the allow-list of torch 2.1 lacks
+    np.ndarray, np.dtype, _numpy_core.multiarray._reconstruct, _numpy_core.multiarray.scalar, _codecs.encode,
     *{type(np.dtype(code)) for code in '?bhilqBHILQefdgFDGUSO'},
 ]
 
