@@ -2,6 +2,7 @@
 # types the configs name (mala_mm: the MALA backbone; mala_mm.engine: the hooks below, AtomicCheckpointHook and
 # the CPU mixed-precision optim wrapper that tools/train.py --amp picks on CPU), so that mmdet's and mmseg's own
 # tools run them too; and the hooks with which random draws repeat on resume and every rank's norm statistics are
-# the saved model's (mala_mm.engine.hooks).
+# the saved model's (mala_mm.engine.hooks), and the count of optimizer steps that fp16's loss scaler skipped, which
+# stops a run that skips more than a tenth of them (mala_mm.engine.skipped_steps).
 custom_imports = dict(imports=['mala_mm', 'mala_mm.engine'], allow_failed_imports=False)
-custom_hooks = [dict(type='IterationSeedHook'), dict(type='SyncNormStatsHook')]
+custom_hooks = [dict(type='IterationSeedHook'), dict(type='SyncNormStatsHook'), dict(type='SkippedStepsHook')]
