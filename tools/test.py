@@ -5,8 +5,9 @@
 """
 import argparse
 
-from mala_mm.cli import (add_common_args, config_errors, data_problems, fail, load_config, missing_file, preflight,
-                         require_gpus_where_the_machine_has_them, run_runner, setup_distributed)
+from mala_mm.cli import (add_common_args, config_errors, data_problems, fail, head_class_problems, load_config,
+                         missing_file, preflight, require_gpus_where_the_machine_has_them, run_runner,
+                         setup_distributed)
 
 
 def parse_args():
@@ -56,8 +57,8 @@ def main():
     if args.out:
         dump_predictions(cfg, args)
     setup_distributed(cfg)
-    preflight(lambda: [*config_errors(cfg, args.config), *missing_file(args.checkpoint, 'checkpoint'),
-                       *data_problems(cfg, ('test_dataloader', ))])
+    preflight(lambda: [*config_errors(cfg, args.config), *head_class_problems(cfg, ('test_dataloader', )),
+                       *missing_file(args.checkpoint, 'checkpoint'), *data_problems(cfg, ('test_dataloader', ))])
     run_runner(cfg, 'test')
 
 

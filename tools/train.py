@@ -8,9 +8,9 @@ import sys
 
 import torch
 
-from mala_mm.cli import (add_common_args, config_errors, data_problems, is_main_process, load_config,
-                         missing_weight_files, preflight, require_gpus_where_the_machine_has_them, run_runner,
-                         setup_distributed)
+from mala_mm.cli import (add_common_args, config_errors, data_problems, head_class_problems, is_main_process,
+                         load_config, missing_weight_files, preflight, require_gpus_where_the_machine_has_them,
+                         run_runner, setup_distributed)
 from mala_mm.runtime import fit_optim_wrapper_to_device
 
 
@@ -49,8 +49,9 @@ def main():
     skip_undecodable_images(cfg)  # the config key skip_undecodable_images = N
     setup_distributed(cfg)
     load_from_name = 'load_from' if args.resume in (None, 'auto') else '--resume checkpoint'
-    preflight(lambda: [*config_errors(cfg, args.config), *problems, *missing_weight_files(cfg, load_from_name),
-                       *data_problems(cfg, ('train_dataloader', 'val_dataloader'))])
+    loaders = ('train_dataloader', 'val_dataloader')
+    preflight(lambda: [*config_errors(cfg, args.config), *problems, *head_class_problems(cfg, loaders),
+                       *missing_weight_files(cfg, load_from_name), *data_problems(cfg, loaders)])
     run_runner(cfg, 'train')
 
 

@@ -1,9 +1,12 @@
 """Checking, before a run starts, that the folders a config's datasets read exist and hold no empty files."""
 import os
 import os.path as osp
-from typing import Iterator, List
+from typing import Iterator, List, Tuple
 
 from .builtin import GENERATE_COMMAND
+
+
+ALL_DATALOADERS = ('train_dataloader', 'val_dataloader', 'test_dataloader')
 
 
 class DatasetNotFoundError(FileNotFoundError):
@@ -16,13 +19,19 @@ class EmptyDataFileError(OSError):
 
 def _dataset_cfgs(dataset_cfg) -> Iterator[dict]:
     """The leaf dataset configs, looking through wrappers such as RepeatDataset and ConcatDataset."""
+    for _, leaf in _keyed_dataset_cfgs(dataset_cfg, ''):
+        yield leaf
+
+
+def _keyed_dataset_cfgs(dataset_cfg, key: str) -> Iterator[Tuple[str, dict]]:
+    """(dotted config key, config) of each leaf dataset under ``dataset_cfg``, which is at ``key``."""
     if 'dataset' in dataset_cfg:
-        yield from _dataset_cfgs(dataset_cfg['dataset'])
+        yield from _keyed_dataset_cfgs(dataset_cfg['dataset'], f'{key}.dataset')
     elif 'datasets' in dataset_cfg:
-        for child in dataset_cfg['datasets']:
-            yield from _dataset_cfgs(child)
+        for index, child in enumerate(dataset_cfg['datasets']):
+            yield from _keyed_dataset_cfgs(child, f'{key}.datasets.{index}')
     else:
-        yield dataset_cfg
+        yield key, dataset_cfg
 
 
 def _paths(dataset_cfg: dict) -> Iterator[str]:
@@ -34,16 +43,40 @@ def _paths(dataset_cfg: dict) -> Iterator[str]:
             yield osp.join(root, prefix)
 
 
+def keyed_leaf_datasets(cfg, dataloaders) -> List[Tuple[str, dict]]:
+    """(dotted config key, config) of each leaf dataset of ``cfg``'s ``dataloaders`` (names such as
+    'train_dataloader'), e.g. ('train_dataloader.dataset.dataset', ...) under a RepeatDataset."""
+    return [keyed for key in dataloaders if cfg.get(key) is not None
+            for keyed in _keyed_dataset_cfgs(cfg[key]['dataset'], f'{key}.dataset')]
+
+
 def _leaf_datasets(cfg, dataloaders) -> List[dict]:
-    return [leaf for key in dataloaders if cfg.get(key) is not None for leaf in _dataset_cfgs(cfg[key]['dataset'])]
+    return [leaf for _, leaf in keyed_leaf_datasets(cfg, dataloaders)]
 
 
-def missing_data_paths(cfg, dataloaders=('train_dataloader', 'val_dataloader', 'test_dataloader')) -> List[str]:
-    """Annotation files and image/label folders named by ``cfg``'s dataloaders that do not exist."""
-    missing = []
-    for dataset_cfg in _leaf_datasets(cfg, dataloaders):
-        missing += [p for p in _paths(dataset_cfg) if not osp.exists(p) and p not in missing]
-    return missing
+def evaluator_files(cfg, dataloaders) -> List[Tuple[str, str]]:
+    """(dotted config key, path) of the annotation file of each evaluator that goes with ``dataloaders``
+    ('val_dataloader' -> 'val_evaluator'), such as CocoMetric's ``ann_file``. mmdet's dataset configs fix it
+    apart from the dataset's ``data_root``, when the base config is read."""
+    files = []
+    for loader in dataloaders:
+        key = loader.replace('_dataloader', '_evaluator')
+        evaluators = cfg.get(key) if cfg.get(loader) is not None else None
+        if isinstance(evaluators, dict):
+            keyed = [(key, evaluators)]
+        else:
+            keyed = [(f'{key}.{index}', evaluator) for index, evaluator in enumerate(evaluators or [])]
+        files += [(f'{key}.ann_file', evaluator['ann_file']) for key, evaluator in keyed
+                  if isinstance(evaluator, dict) and isinstance(evaluator.get('ann_file'), str)]
+    return files
+
+
+def missing_data_paths(cfg, dataloaders=ALL_DATALOADERS) -> List[str]:
+    """Annotation files and image/label folders named by ``cfg``'s dataloaders and their evaluators that do
+    not exist."""
+    paths = [p for dataset_cfg in _leaf_datasets(cfg, dataloaders) for p in _paths(dataset_cfg)]
+    paths += [path for _, path in evaluator_files(cfg, dataloaders)]
+    return [p for p in dict.fromkeys(paths) if not osp.exists(p)]
 
 
 def _empty_files(path: str) -> Iterator[str]:
@@ -59,10 +92,12 @@ def _empty_files(path: str) -> Iterator[str]:
                     yield entry.path
 
 
-def empty_data_files(cfg, dataloaders=('train_dataloader', 'val_dataloader', 'test_dataloader')) -> List[str]:
+def empty_data_files(cfg, dataloaders=ALL_DATALOADERS) -> List[str]:
     """Empty files (what a download or copy stopped part way leaves) among the annotation files and in the
-    image/label folders, at any depth, of ``cfg``'s dataloaders. Sizes only: no file is opened."""
+    image/label folders, at any depth, of ``cfg``'s dataloaders and their evaluators. Sizes only: no file is
+    opened."""
     paths = {path: None for dataset_cfg in _leaf_datasets(cfg, dataloaders) for path in _paths(dataset_cfg)}
+    paths.update((path, None) for _, path in evaluator_files(cfg, dataloaders))
     return [empty for path in paths for empty in _empty_files(path)]
 
 
@@ -78,11 +113,24 @@ def _generate_command(roots: List[str], force: bool = False) -> str:
         GENERATE_COMMAND.format(root=osp.normpath(root)) + (' --force' if force else '') for root in builtin_roots)
 
 
+def _pointing_options(cfg, dataloaders) -> str:
+    """``--cfg-options`` that point every key holding the dataset's location at PATH: the data_root of each
+    dataset of ``dataloaders`` and the annotation file of their evaluators (as PATH/<its path under the
+    data_root>)."""
+    options = [f'{key}.data_root=PATH' for key, _ in keyed_leaf_datasets(cfg, dataloaders)]
+    roots = [osp.normpath(root) for root in _roots(cfg, dataloaders)]
+    for key, path in evaluator_files(cfg, dataloaders):
+        path = osp.normpath(path)
+        under = next((osp.relpath(path, root) for root in roots if path.startswith(root + os.sep)), path)
+        options.append(f'{key}=PATH/{under}')
+    return ' '.join(options)
+
+
 def _shown(paths: List[str]) -> str:
     return ', '.join(paths[:4]) + (f' and {len(paths) - 4} more' if len(paths) > 4 else '')
 
 
-def check_data_paths(cfg, dataloaders=('train_dataloader', 'val_dataloader', 'test_dataloader')) -> None:
+def check_data_paths(cfg, dataloaders=ALL_DATALOADERS) -> None:
     """Raise DatasetNotFoundError naming what is missing and how to get it, or EmptyDataFileError naming the
     empty files and how to replace them."""
     roots = _roots(cfg, dataloaders)
@@ -91,7 +139,8 @@ def check_data_paths(cfg, dataloaders=('train_dataloader', 'val_dataloader', 'te
         command = _generate_command(roots)
         how = (f'generate it with: {command}' if command else
                'download and prepare the dataset as the MMDetection/MMSegmentation dataset guides describe, '
-               'or point the config at it, e.g. --cfg-options train_dataloader.dataset.data_root=PATH')
+               f'or point the config at it: --cfg-options {_pointing_options(cfg, ALL_DATALOADERS)} (or, in a '
+               f'config of your own, the same keys: docs/custom_dataset.md)')
         raise DatasetNotFoundError(
             f'dataset not found under {", ".join(map(repr, roots))}: missing {_shown(missing)}. To fix it, {how}')
     empty = empty_data_files(cfg, dataloaders)
