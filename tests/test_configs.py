@@ -355,3 +355,5 @@ def test_precision_and_evaluation_cadence_are_the_releases(config):
         assert (cfg.train_cfg.type, cfg.train_cfg.val_interval) == ('IterBasedTrainLoop', interval)
         assert (checkpoint.interval, checkpoint.by_epoch) == (interval, False)
         assert checkpoint.get('save_best') == ('mIoU' if method == 'upernet' else None)
+    # the last few, not every one: a 160k UperNet-B run kept 20 checkpoints of 887 MiB
+    assert checkpoint.max_keep_ckpts == 3

@@ -18,9 +18,10 @@ param_scheduler = [
 # the recipe's lr is for 8 GPUs x 2 images
 auto_scale_lr = dict(enable=False, base_batch_size=16)
 
-# validate and checkpoint every 8,000 iterations and keep the best mIoU, as released: a reported number may be
-# the best of these evaluations. Checkpoints are written whole or not at all (mala_mm.engine.hooks); in mmseg
-# the schedule sets the hooks.
+# validate and checkpoint every 8,000 iterations and keep the best mIoU, as released, and the last 3 checkpoints
+# (docs/reproducing.md says which one is tested). Checkpoints are written whole or not at all
+# (mala_mm.engine.hooks); in mmseg the schedule sets the hooks.
 interval = 8000
 train_cfg = dict(val_interval=interval)
-default_hooks = dict(checkpoint=dict(type='AtomicCheckpointHook', interval=interval, save_best='mIoU'))
+default_hooks = dict(
+    checkpoint=dict(type='AtomicCheckpointHook', interval=interval, save_best='mIoU', max_keep_ckpts=3))
