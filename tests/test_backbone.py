@@ -131,6 +131,43 @@ def test_gradients_flow_and_are_finite(small_arch, arch):
         assert torch.isfinite(param.grad).all() and (param.grad != 0).any(), name
 
 
+def test_every_gradient_arrives_in_its_parameters_layout(small_arch):
+    """The gradient autograd hands each parameter (before accumulating it) has the parameter's own strides, so
+    neither autograd nor DDP copies it into another layout; DDP compares the strides exactly and warns ("Grad
+    strides do not match bucket view strides") at the first that differ."""
+    model = MALA(arch=small_arch)
+    model.init_weights()
+    arrived = {}
+    for name, param in model.named_parameters():
+        param.register_hook(lambda grad, name=name: arrived.__setitem__(name, grad.stride()))
+    model.train()
+    feature_loss(model(torch.randn(2, 3, 48, 40))).backward()
+    params = dict(model.named_parameters())
+    assert arrived.keys() == params.keys()
+    assert [(name, params[name].stride(), strides) for name, strides in arrived.items()
+            if strides != params[name].stride()] == []
+
+
+def test_the_weights_layout_changes_no_number(small_arch):
+    """The same weights stored contiguously give the same outputs and gradients: the layout is storage only."""
+    model = MALA(arch=small_arch, drop_path_rate=0.)
+    model.init_weights()
+    contiguous = copy.deepcopy(model)
+    for module in contiguous.modules():
+        if isinstance(module, torch.nn.Conv2d):
+            module.weight = torch.nn.Parameter(module.weight.detach().contiguous())
+    assert any(a.stride() != b.stride() for a, b in zip(model.parameters(), contiguous.parameters()))
+    x = torch.randn(2, 3, 48, 40)
+    for m in (model, contiguous):
+        m.train()
+        feature_loss(m(x)).backward()
+    for (name, a), b in zip(model.named_parameters(), contiguous.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-7, msg=name)
+    model.eval(), contiguous.eval()
+    for a, b in zip(model(x), contiguous(x)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_activation_checkpointing_changes_nothing(small_arch):
     plain = MALA(arch=small_arch, drop_path_rate=0.)
     plain.init_weights()

@@ -12,6 +12,15 @@ from ...checkpoint import load_backbone_weights
 from ..layers import ATTENTION_KINDS, ConvStem, LayerNorm2d, MALAStage, rope_head_dims
 
 
+def channels_last_strides(weight: Tensor) -> Tensor:
+    """A copy of the (O, I, kH, kW) ``weight`` with the strides of a channels-last tensor, size-1 dimensions
+    included: ``contiguous(memory_format=torch.channels_last)`` leaves a (C, 1, 3, 3) depth-wise kernel or a
+    (O, I, 1, 1) kernel as it is, since it counts as channels-last already, yet its gradient's strides differ."""
+    _, in_channels, height, width = weight.shape
+    strides = (height * width * in_channels, 1, width * in_channels, in_channels)
+    return torch.empty_strided(weight.shape, strides, dtype=weight.dtype, device=weight.device).copy_(weight)
+
+
 class MALAConfigError(ValueError):
     """An argument of :class:`MALA` that cannot build a model; the message says which and what is allowed."""
 
@@ -117,6 +126,13 @@ class MALA(BaseModule):
                 with_cp=with_cp))
         # keyed by stage index so that the state dict reads extra_norms.{i}.* as released
         self.extra_norms = nn.ModuleDict({str(i): LayerNorm2d(self.embed_dims[i]) for i in self.out_indices})
+        # The maps are channels-last throughout (forward), and so are the gradients of every conv weight; stored
+        # with those very strides, each weight takes its gradient as it comes: autograd makes no copy into the
+        # weight's layout, and DDP none into its buckets (where it would warn "Grad strides do not match bucket
+        # view strides" at every step). Values and state dict keys are unchanged; loading copies into this layout.
+        for module in self.modules():
+            if isinstance(module, nn.Conv2d):
+                module.weight = nn.Parameter(channels_last_strides(module.weight.detach()))
         self._freeze_stages()
 
     @classmethod
