@@ -250,3 +250,57 @@ def test_extract_drops_classification_head_and_ddp_prefix():
     state = extract_backbone_state_dict(
         {'model': {'module.layers.0.RoPE.angle': torch.zeros(2), 'module.head.weight': torch.zeros(1)}})
     assert list(state) == ['layers.0.RoPE.angle']
+
+
+LOADING_STATE = """
+import sys, torch
+from mmengine.runner import CheckpointLoader
+def outcome():
+    try:
+        return 'loaded ' + str(sorted(CheckpointLoader.load_checkpoint(sys.argv[1], map_location='cpu')))
+    except Exception as err:
+        return f'{type(err).__name__}: {str(err)[:300]}'
+def state():
+    return dict(CheckpointLoader._schemes), list(getattr(torch.serialization, 'get_safe_globals', list)())
+before, loaded_before = state(), outcome()
+for module in sys.argv[2:]:
+    __import__(module)
+print(state() == before, outcome() == loaded_before, outcome().split(' ')[0])
+"""
+
+
+@pytest.mark.parametrize('imports, expected', [
+    (['mala_mm'], 'True True'),  # nothing changed: the checkpoint loads, or fails, as without this package
+    (['mala_mm', 'mala_mm.safe_loading'], 'False'),  # the switch: mmengine's loader is safe_load
+])
+def test_a_bare_import_leaves_checkpoint_loading_as_it_was(tmp_path, imports, expected):
+    """``import mala_mm`` changes neither mmengine's checkpoint loaders nor torch's safe globals, and an
+    unrelated checkpoint with numpy in its meta loads through mmengine exactly as it did before the import;
+    ``import mala_mm.safe_loading`` is the one switch, after which mmengine reads it through safe_load."""
+    path = tmp_path / 'other.pth'
+    torch.save({'state_dict': {'w': torch.ones(1)}, 'meta': {'ids': np.arange(3)}}, path)
+    result = subprocess.run([sys.executable, '-c', LOADING_STATE, str(path), *imports], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    printed = result.stdout.strip().splitlines()[-1]
+    assert printed.startswith(expected), printed
+    if len(imports) > 1:
+        assert printed.endswith(' loaded'), printed  # where torch >= 2.6's weights_only refused the numpy array
+
+
+@pytest.mark.slow
+def test_mmdets_own_train_py_resumes_a_config_here(builtin_workspace, tmp_path):
+    """mmdet's own tools/train.py (the one pip installs) resumes a config here: the config's custom_imports ask
+    for mala_mm.safe_loading, without which torch >= 2.6 refuses mmengine's checkpoint (numpy and HistoryBuffer in
+    its meta)."""
+    import mmdet
+    from conftest import ROOT, tool_env
+    train = [sys.executable, os.path.join(os.path.dirname(mmdet.__file__), '.mim/tools/train.py'),
+             os.path.join(ROOT, 'configs/detection/mask_rcnn_mala_t_builtin.py'), '--work-dir', str(tmp_path)]
+    for iters, resume in ((2, []), (4, ['--resume'])):
+        result = subprocess.run([*train, *resume, '--cfg-options', f'train_cfg.max_iters={iters}'],
+                                cwd=builtin_workspace, env=tool_env(), capture_output=True, text=True, timeout=900)
+        output = result.stdout + result.stderr
+        assert result.returncode == 0, output[-3000:]
+    assert 'Load checkpoint from' in output and 'resumed epoch: 0, iter: 2' in output, output[-3000:]
+    assert (tmp_path / 'iter_4.pth').is_file()

@@ -24,8 +24,8 @@ LEAF_CONFIGS = sorted(
     if '_base_' not in path.parts and 'builtin' not in path.name)
 # the built-in configs, which train on the built-in shapes dataset
 BUILTIN_CONFIGS = sorted(str(path.relative_to(CONFIG_ROOT)) for path in CONFIG_ROOT.rglob('*_builtin.py'))
-# the model, and the hooks and optim wrapper the configs and tools/train.py --amp name
-MALA_IMPORTS = dict(imports=['mala_mm', 'mala_mm.engine'], allow_failed_imports=False)
+# the model, the hooks and optim wrapper the configs and tools/train.py --amp name, and checkpoints read as data
+MALA_IMPORTS = dict(imports=['mala_mm', 'mala_mm.engine', 'mala_mm.safe_loading'], allow_failed_imports=False)
 
 # variant letter -> (arch, drop path rate) of the released detection and segmentation recipes
 VARIANTS = {'t': ('tiny', 0.1), 's': ('small', 0.15), 'b': ('base', 0.4), 'l': ('large', 0.55)}

@@ -2,16 +2,17 @@
 of its default_scope, a checkpoint's weights loaded, and whatever stops that turned into one ``error:`` line."""
 import copy
 import importlib
+import re
 from contextlib import contextmanager
 from typing import Optional
 
 from mmengine.config import Config
 from mmengine.model import revert_sync_batchnorm
 from mmengine.registry import init_default_scope
-from mmengine.runner import load_checkpoint
+from mmengine.runner.checkpoint import load_state_dict
 from torch import nn
 
-from mala_mm.checkpoint import CheckpointError, load_backbone_weights
+from mala_mm.checkpoint import CheckpointError, load_backbone_weights, safe_load
 from mala_mm.models import MALA, MALAConfigError
 
 from .errors import build_error_message, fail, missing_local_file
@@ -65,7 +66,11 @@ def build_model(cfg: Config, checkpoint: Optional[str] = None, device: str = 'cp
     checkpoint_meta = {}
     if checkpoint:
         with _stop_on(CheckpointError):
-            checkpoint_meta = load_checkpoint(model, checkpoint, map_location='cpu').get('meta', {})
+            loaded = safe_load(checkpoint)
+        state = loaded.get('state_dict', loaded)
+        # as mmengine's load_checkpoint: the keys of a model saved inside its DDP wrapper lose the wrapper's prefix
+        load_state_dict(model, {re.sub(r'^module\.', '', key): value for key, value in state.items()})
+        checkpoint_meta = loaded.get('meta', {})
     model.dataset_meta = _dataset_meta(cfg, registry, checkpoint_meta)
     model.cfg = cfg
     return model.to(device).eval()

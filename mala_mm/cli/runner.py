@@ -203,9 +203,11 @@ def close_distributed(finished: bool):
 
 
 def build_runner(cfg):
-    # also for configs without custom_imports: the hooks and the CPU mixed-precision optim wrapper (MALA and the
-    # safe checkpoint loading came with this package)
+    # also for configs without custom_imports: the hooks, the CPU mixed-precision optim wrapper, and checkpoints
+    # (load_from, resume) read as data
     import mala_mm.engine  # noqa: F401
+    from mala_mm.checkpoint import use_safe_loading
+    use_safe_loading()
     runners = importlib.import_module(f'{cfg.default_scope}.registry').RUNNERS
     if 'runner_type' in cfg:
         return runners.build(cfg)
