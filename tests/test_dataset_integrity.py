@@ -1,5 +1,5 @@
-"""Undecodable images: found before a run by tools/check_dataset.py, or skipped during one with the config key
-``skip_undecodable_images`` (a warning names each, and too many stop the run with the list)."""
+"""Undecodable images: found before a run by tools/check_dataset.py, or skipped during one by the pipeline step
+``LoadImageOrSkip`` (a warning names each, and too many stop the run with the list)."""
 import shutil
 
 import pytest
@@ -35,13 +35,19 @@ def test_check_dataset_lists_every_undecodable_image(workspace):
     listed = [line.strip() for line in result.stderr.splitlines() if line.startswith('  data/')]
     assert [line.split(':')[0] for line in listed] == [f'data/builtin/images/{p.parent.name}/{p.name}' for p in bad]
     assert listed[0].endswith(f'not a decodable image ({len(NOT_AN_IMAGE)} bytes)') and listed[2].endswith('empty file')
-    assert 'skip_undecodable_images' in result.stderr and 'Traceback' not in result.stderr
+    assert "dict(type='LoadImageOrSkip', max_skipped=N)" in result.stderr and 'Traceback' not in result.stderr
 
 
 def test_check_dataset_passes_a_sound_dataset(workspace):
     result = run_tool(['check_dataset.py', SEG_CONFIG], workspace)
     assert result.returncode == 0, result.stderr
     assert 'every image decodes' in result.stdout
+
+
+def skip_at_most(limit):
+    """Options putting LoadImageOrSkip in place of the training pipeline's first step, LoadImageFromFile."""
+    return ['train_dataloader.dataset.pipeline.0.type=LoadImageOrSkip',
+            f'train_dataloader.dataset.pipeline.0.max_skipped={limit}']
 
 
 def train(workspace, *options):
@@ -55,7 +61,7 @@ def test_training_skips_undecodable_images_with_a_warning_naming_each(workspace)
     training = sorted((workspace / 'data/builtin/images/training').glob('*.jpg'))
     for path in training[::2]:  # half of them: the first batches meet some
         corrupt(path)
-    result = train(workspace, 'skip_undecodable_images=1000')
+    result = train(workspace, *skip_at_most(1000))
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
     assert (workspace / 'work/iter_6.pth').is_file()
@@ -66,9 +72,9 @@ def test_training_skips_undecodable_images_with_a_warning_naming_each(workspace)
 def test_too_many_undecodable_images_stop_the_run_with_their_list(workspace):
     for path in (workspace / 'data/builtin/images/training').glob('*.jpg'):
         corrupt(path)
-    result = train(workspace, 'skip_undecodable_images=2')
+    result = train(workspace, *skip_at_most(2))
     assert result.returncode == 2, (result.stdout + result.stderr)[-3000:]
-    assert 'error: 3 images could not be decoded, more than skip_undecodable_images=2:' in result.stderr
+    assert 'error: 3 images could not be decoded, more than LoadImageOrSkip.max_skipped=2:' in result.stderr
     listed = [line for line in result.stderr.splitlines() if line.startswith('  data/builtin/images/training/')]
     assert len(listed) == 3 and all(line.endswith('bytes)') for line in listed)
     assert 'python -m mala_mm.cli.check_dataset' in result.stderr and 'Traceback' not in result.stderr

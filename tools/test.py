@@ -6,8 +6,8 @@
 import argparse
 
 from mala_mm.cli import (add_common_args, config_errors, data_problems, fail, head_class_problems, load_config,
-                         missing_file, preflight, require_gpus_where_the_machine_has_them, run_runner,
-                         setup_distributed)
+                         missing_file, preflight, report_changes, require_gpus_where_the_machine_has_them, run_runner,
+                         setup_distributed, warn_about_config)
 
 
 def parse_args():
@@ -56,8 +56,10 @@ def main():
         enable_visualization(cfg, args)
     if args.out:
         dump_predictions(cfg, args)
-    setup_distributed(cfg)
-    preflight(lambda: [*config_errors(cfg, args.config), *head_class_problems(cfg, ('test_dataloader', )),
+    report_changes(setup_distributed(cfg))
+    warn_about_config(cfg, args.config)
+    preflight(lambda: [*config_errors(cfg, args.config, not args.skip_config_check),
+                       *head_class_problems(cfg, ('test_dataloader', )),
                        *missing_file(args.checkpoint, 'checkpoint'), *data_problems(cfg, ('test_dataloader', ))])
     run_runner(cfg, 'test')
 

@@ -4,14 +4,12 @@
     tools/dist_train.sh CONFIG GPUS [same options]      # several processes; works on CPU too (gloo)
 """
 import argparse
-import sys
 
 import torch
 
-from mala_mm.cli import (add_common_args, config_errors, data_problems, head_class_problems, is_main_process,
-                         load_config, missing_weight_files, preflight, require_gpus_where_the_machine_has_them,
-                         run_runner, setup_distributed)
-from mala_mm.runtime import fit_optim_wrapper_to_device
+from mala_mm.cli import (add_common_args, config_errors, data_problems, fit_optim_wrapper_to_device,
+                         head_class_problems, load_config, missing_weight_files, preflight, report_changes,
+                         require_gpus_where_the_machine_has_them, run_runner, setup_distributed, warn_about_config)
 
 
 def parse_args():
@@ -32,9 +30,7 @@ def main():
     args = parse_args()
     require_gpus_where_the_machine_has_them()
     cfg = load_config(args)
-    change = fit_optim_wrapper_to_device(cfg.optim_wrapper, args.amp, torch.cuda.is_available())
-    if change and is_main_process():
-        print(change, file=sys.stderr)
+    changes = fit_optim_wrapper_to_device(cfg.optim_wrapper, args.amp, torch.cuda.is_available())
     problems = []
     if args.auto_scale_lr:
         if 'base_batch_size' in cfg.get('auto_scale_lr', {}):
@@ -45,13 +41,14 @@ def main():
         cfg.resume, cfg.load_from = True, None
     elif args.resume is not None:
         cfg.resume, cfg.load_from = True, args.resume
-    from mala_mm.datasets import skip_undecodable_images
-    skip_undecodable_images(cfg)  # the config key skip_undecodable_images = N
-    setup_distributed(cfg)
+    changes += setup_distributed(cfg)
+    report_changes(changes)
+    warn_about_config(cfg, args.config)
     load_from_name = 'load_from' if args.resume in (None, 'auto') else '--resume checkpoint'
     loaders = ('train_dataloader', 'val_dataloader')
-    preflight(lambda: [*config_errors(cfg, args.config), *problems, *head_class_problems(cfg, loaders),
-                       *missing_weight_files(cfg, load_from_name), *data_problems(cfg, loaders)])
+    preflight(lambda: [*config_errors(cfg, args.config, not args.skip_config_check), *problems,
+                       *head_class_problems(cfg, loaders), *missing_weight_files(cfg, load_from_name),
+                       *data_problems(cfg, loaders)])
     run_runner(cfg, 'train')
 
 

@@ -45,7 +45,8 @@ def main():
     listing = '\n'.join(f'  {path}: {reason}' for path, reason in bad)
     fail(f'{len(bad)} of {len(everything)} images cannot be decoded:\n{listing}\n'
          'Replace them from the original dataset (re-download or re-extract), or remove them from the annotation '
-         'file; or let training skip them with `skip_undecodable_images = N` in the config (at most N skipped).')
+         "file; or let training skip them: dict(type='LoadImageOrSkip', max_skipped=N) in place of "
+         'LoadImageFromFile in the training pipeline (at most N skipped; docs/reliability.md).')
 
 
 if __name__ == '__main__':

@@ -1,6 +1,7 @@
 """Finding misspelt keys in a config before anything is built: a key the named class does not take would
-otherwise stop the run with a traceback from inside the registry, and a misspelt top-level key would be
-silently ignored."""
+otherwise stop the run with a traceback from inside the registry (:func:`config_problems`), and a misspelt
+top-level key would be silently ignored (:func:`top_level_typos`, a warning: a config's own variable may be so
+named)."""
 import difflib
 import importlib
 import inspect
@@ -130,17 +131,21 @@ def _misspelt_top_level_key(key: str) -> Optional[str]:
 
 
 def config_problems(cfg, scope: Optional[str] = None) -> List[str]:
-    """One line per misspelt key of ``cfg``, naming its dotted path and, where one is close, the right key.
+    """One line per key of ``cfg`` that the class it is given to does not take, naming its dotted path and, where
+    one is close, the right key: the registry would stop on it with a traceback.
 
     ``scope`` (default: the config's default_scope) is the library whose registries resolve the types.
     """
     scope = scope or cfg.get('default_scope')
     problems = []
-    for key in cfg.keys():
-        intended = _misspelt_top_level_key(key)
-        if intended:
-            problems.append(f'top-level key {key!r} is not one the runner reads; did you mean {intended!r}?')
     if isinstance(cfg.get('model'), dict):
         problems += _check_model(cfg['model'], 'model', scope)
     problems += _check_runner_parts(cfg, scope)
     return problems
+
+
+def top_level_typos(cfg) -> List[str]:
+    """One line per top-level key of ``cfg`` that is a typo's distance from a key the Runner reads, and that the
+    Runner would therefore ignore. Likely, not certainly, a mistake: a variable of the config may be so named."""
+    return [f'top-level key {key!r} is not one the runner reads; did you mean {intended!r}?'
+            for key, intended in ((key, _misspelt_top_level_key(key)) for key in cfg.keys()) if intended]

@@ -13,7 +13,8 @@ import torch.distributed as dist
 from mmengine.config import Config, DictAction
 from mmengine.dist import init_dist
 
-from .config_check import config_problems
+from .config_check import config_problems, top_level_typos
+from .machine_fit import ConfigChange, describe_changes, sync_bn_to_bn
 from .errors import (ERROR_STATUS, build_error_message, fail, is_main_process, local_rank, missing_local_file, print_error,
                      require_file)
 
@@ -27,6 +28,10 @@ def add_common_args(parser):
         '--cfg-options', nargs='+', action=DictAction,
         help='override config entries, e.g. train_cfg.max_iters=100 "model.backbone.arch=small"')
     parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm'], default='none')
+    parser.add_argument(
+        '--skip-config-check', action='store_true',
+        help="do not check the config's keys against the arguments of the classes they build (for a config whose "
+        'classes take keys the check cannot see); the build itself still stops on a wrong one')
     # torchrun sets LOCAL_RANK in the environment; older launchers pass it as an argument
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
 
@@ -64,10 +69,20 @@ def scope_problems(cfg, config_path: str) -> List[str]:
             f'{SCOPES} (inherit mmdet::/mmseg::_base_/default_runtime.py)']
 
 
-def config_errors(cfg, config_path: str) -> List[str]:
+def config_errors(cfg, config_path: str, check_keys: bool = True) -> List[str]:
     """What stops ``cfg`` (read from ``config_path``) from building: a default_scope these tools do not run, or
-    misspelt keys."""
-    return scope_problems(cfg, config_path) or [f'{config_path}: {problem}' for problem in config_problems(cfg)]
+    (with ``check_keys``) keys the classes they are given to do not take."""
+    problems = scope_problems(cfg, config_path)
+    if problems or not check_keys:
+        return problems
+    return [f'{config_path}: {problem}' for problem in config_problems(cfg)]
+
+
+def warn_about_config(cfg, config_path: str) -> None:
+    """Print, once per job, each top-level key of ``cfg`` that looks like a typo of one the Runner reads."""
+    if is_main_process():
+        for typo in top_level_typos(cfg):
+            print(f'warning: {config_path}: {typo}', file=sys.stderr)
 
 
 def _pretrained_checkpoints(node, path: str = 'model') -> Iterator[Tuple[str, str]]:
@@ -138,27 +153,33 @@ def _slurm_environment():
     os.environ['LOCAL_RANK'] = os.environ['SLURM_LOCALID']
 
 
-def setup_distributed(cfg):
+def setup_distributed(cfg) -> List[ConfigChange]:
     """Start the process group of a distributed job here, before the Runner, so that the pre-flight checks can
     share one verdict. With CUDA as the Runner would have (mmengine's ``init_dist``; the Runner then skips it);
-    without CUDA with gloo (mmengine's start-up selects a CUDA device), and DDP without device ids."""
+    without CUDA with gloo (mmengine's start-up selects a CUDA device), DDP without device ids and SyncBN as BN.
+    Returns the changes made to ``cfg`` for that."""
     if cfg.launcher == 'none':
-        return
+        return []
     if torch.cuda.is_available():
         init_dist(cfg.launcher, **cfg.get('env_cfg', {}).get('dist_cfg', {}))
-        return
+        return []
     if cfg.launcher == 'slurm':
         _slurm_environment()
     elif 'RANK' not in os.environ:
         fail('--launcher pytorch needs the environment torchrun sets (RANK, WORLD_SIZE, ...): start the '
              'processes with torchrun')
     init_gloo()
-    cfg.model_wrapper_cfg = dict(type='MMDistributedDataParallel', device_ids=None)
-    from mala_mm.runtime import sync_bn_to_bn
-    converted = sync_bn_to_bn(cfg.model)
-    if converted and is_main_process():
-        print(f'SyncBN -> BN in {converted} norm configs: torch runs SyncBN only on CUDA tensors, so on CPU each '
-              f'process normalises over its own batch (GPU runs keep SyncBN)', file=sys.stderr)
+    wrapper = dict(type='MMDistributedDataParallel', device_ids=None)
+    changes = [ConfigChange('model_wrapper_cfg', cfg.get('model_wrapper_cfg'), wrapper,
+                            'DDP of processes on CPU has no device ids')]
+    cfg.model_wrapper_cfg = wrapper
+    return changes + sync_bn_to_bn(cfg.model)
+
+
+def report_changes(changes: List[ConfigChange]) -> None:
+    """Print, once per job, the keys a tool changed in the config for this machine."""
+    if changes and is_main_process():
+        print(describe_changes(changes), file=sys.stderr)
 
 
 def init_gloo():

@@ -1,5 +1,5 @@
 """Images that cannot be decoded: found before a run (:func:`undecodable_images`), or skipped during one
-(:class:`LoadImageOrSkip`, switched on by the config key ``skip_undecodable_images``)."""
+(:class:`LoadImageOrSkip`, the pipeline step that a config puts in place of ``LoadImageFromFile``)."""
 import importlib
 import os
 import os.path as osp
@@ -12,10 +12,6 @@ from mmcv.transforms import TRANSFORMS, LoadImageFromFile
 from mmengine.logging import MMLogger
 
 from .paths import _dataset_cfgs
-
-# the ``type`` names of the loading transform across the registries that share it
-LOADING_TYPES = ('LoadImageFromFile', 'mmcv.LoadImageFromFile', 'mmdet.LoadImageFromFile',
-                 'mmseg.LoadImageFromFile')
 
 
 def decode_problem(path: str) -> Optional[str]:
@@ -65,7 +61,9 @@ class LoadImageOrSkip(LoadImageFromFile):
     """mmcv's ``LoadImageFromFile`` that skips an image it cannot decode, with a warning naming it.
 
     Returning None makes mmengine's dataset draw another sample in training. After ``max_skipped`` images in
-    one data-loading process the run stops with the list of all of them.
+    one data-loading process the run stops with the list of all of them. In a config, in place of
+    ``LoadImageFromFile`` in the training pipeline: ``dict(type='LoadImageOrSkip', max_skipped=10)``, with
+    ``mala_mm.datasets`` among the ``custom_imports`` (which registers it) for mmdet's and mmseg's own tools.
 
     Args:
         max_skipped: how many images one loading process may skip.
@@ -89,24 +87,9 @@ class LoadImageOrSkip(LoadImageFromFile):
         if len(self.skipped) > self.max_skipped:
             listing = '\n'.join(f'  {p}: {r}' for p, r in self.skipped.items())
             raise TooManyUndecodableImages(
-                f'{len(self.skipped)} images could not be decoded, more than skip_undecodable_images='
+                f'{len(self.skipped)} images could not be decoded, more than LoadImageOrSkip.max_skipped='
                 f'{self.max_skipped}:\n{listing}\nFind them all with `python -m mala_mm.cli.check_dataset CONFIG`.')
         MMLogger.get_current_instance().warning(
             f'skipping undecodable image {path} ({reason}); {len(self.skipped)} of at most {self.max_skipped} '
             f'skipped in this loading process')
         return None
-
-
-def skip_undecodable_images(cfg) -> int:
-    """Apply the config key ``skip_undecodable_images = N``: the training pipelines load their images with
-    :class:`LoadImageOrSkip` (``max_skipped=N``). Returns how many pipelines changed."""
-    limit = cfg.get('skip_undecodable_images')
-    if not limit or cfg.get('train_dataloader') is None:
-        return 0
-    changed = 0
-    for dataset_cfg in _dataset_cfgs(cfg.train_dataloader['dataset']):
-        for step in dataset_cfg.get('pipeline') or []:
-            if step.get('type') in LOADING_TYPES:
-                step['type'], step['max_skipped'] = 'LoadImageOrSkip', int(limit)
-                changed += 1
-    return changed
