@@ -9,9 +9,9 @@ setup(
     packages=find_packages(include=['mala_mm', 'mala_mm.*']),
     python_requires='>=3.9',
     install_requires=[
-        # the floor measured (docs/get_started.md#tested-versions): on torch 2.1.2 the loading of an mmengine
-        # checkpoint with its message hub still fails
-        'torch>=2.6',
+        # the floor measured (docs/get_started.md#tested-versions): torch 2.1, the torch of OpenMMLab's prebuilt
+        # mmcv 2.1.0 wheels, so that an existing mmdet 3.x environment keeps its torch
+        'torch>=2.1',
         # mala_mm.engine's AtomicCheckpointHook overrides private members of mmengine's CheckpointHook, whose file
         # is the same in 0.10.0 to 0.10.7 (tests/test_mmengine_contract.py fails on one that changes them)
         'mmengine>=0.10.0,<0.11',
@@ -24,7 +24,7 @@ setup(
         'ftfy',
         'regex',
         # mmengine resolves `mmdet::`/`mmseg::` base configs through pkg_resources, which setuptools 82 removed
-        # (no floor: torch >= 2.6 states its own, and an older torch's environment keeps its setuptools)
+        # (no floor: an existing environment keeps its setuptools)
         'setuptools<82',
     ],
     extras_require={

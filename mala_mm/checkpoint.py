@@ -9,6 +9,7 @@ has the safe-globals API. :func:`use_safe_loading` makes mmengine's own loading 
 import _codecs
 import _compat_pickle
 import argparse
+import collections
 import functools
 import logging
 import os
@@ -39,9 +40,11 @@ SAFE_GLOBALS = [
     argparse.Namespace,  # `args` of the release's DeiT-style classification checkpoints
     HistoryBuffer,  # mmengine's message hub, saved under `meta`
     (_history_buffer_statistic, 'builtins.getattr'),
-    # numpy arrays and scalars inside mmengine's `meta`; numpy 1.x pickles their bytes through _codecs.encode,
-    # which the allow-list of torch 2.1 lacks
-    np.ndarray, np.dtype, _numpy_core.multiarray._reconstruct, _numpy_core.multiarray.scalar, _codecs.encode,
+    # numpy arrays and scalars inside mmengine's `meta`
+    np.ndarray, np.dtype, _numpy_core.multiarray._reconstruct, _numpy_core.multiarray.scalar,
+    # data types that newer torch allows and torch 2.1 does not: numpy 1.x pickles an array's bytes through
+    # _codecs.encode, MultiStepLR's state holds its milestones as a Counter
+    _codecs.encode, collections.Counter, set, complex, bytearray,
     *{type(np.dtype(code)) for code in '?bhilqBHILQefdgFDGUSO'},
 ]
 

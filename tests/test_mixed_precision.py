@@ -20,8 +20,25 @@ from conftest import SMALL_ARCH, feature_loss
 from mala_mm import MALA, reference
 from mala_mm.models.layers import MALAttention, RoPE2d, mala_attention
 
+
+
+def _cpu_autocast_takes(dtype) -> bool:
+    try:
+        with torch.autocast('cpu', dtype=dtype):
+            return True
+    except RuntimeError:  # torch 2.1's CPU autocast runs bfloat16 only
+        return False
+
+
+# torch 2.1.2's CPU scaled_dot_product_attention aborts the process in its bfloat16 backward ("double free or
+# corruption"), whatever the model around it; 2.13 does not (the versions between are unmeasured)
+SDPA_BF16_BACKWARD_ABORTS = torch.__version__.startswith('2.1.')
 LOW_PRECISIONS = [torch.bfloat16, torch.float16]
 NAMES = {torch.bfloat16: 'bf16', torch.float16: 'fp16'}
+MARKS = {torch.float16: pytest.mark.skipif(not _cpu_autocast_takes(torch.float16),
+                                           reason="this torch's CPU autocast has no float16")}
+# the low precisions as parameters of a test, each skipped where this torch's CPU autocast lacks it
+DTYPES = [pytest.param(dtype, id=NAMES[dtype], marks=MARKS.get(dtype, ())) for dtype in LOW_PRECISIONS]
 FP16_MAX = torch.finfo(torch.float16).max
 
 # A few roundings of the low-precision matmuls' operands and results.
@@ -88,7 +105,7 @@ ATTENTION_CASES = {
 BEYOND_FP16 = {'q, k, v x 1e4'}
 
 
-@pytest.mark.parametrize('dtype,case', [pytest.param(dtype, case, id=f'{NAMES[dtype]}-{case}')
+@pytest.mark.parametrize('dtype,case', [pytest.param(dtype, case, id=f'{NAMES[dtype]}-{case}', marks=MARKS.get(dtype, ()))
                                         for dtype in LOW_PRECISIONS for case in ATTENTION_CASES
                                         if not (dtype is torch.float16 and case in BEYOND_FP16)])
 def test_mala_attention_in_low_precision_matches_exact_formula(dtype, case):
@@ -102,7 +119,7 @@ def test_mala_attention_in_low_precision_matches_exact_formula(dtype, case):
     assert relative_error(low, exact) < tolerance(dtype, epsilons)
 
 
-@pytest.mark.parametrize('dtype', LOW_PRECISIONS, ids=NAMES.get)
+@pytest.mark.parametrize('dtype', DTYPES)
 def test_mala_attention_of_all_zero_inputs_is_exactly_zero(dtype):
     zeros = torch.zeros(B, HEADS, N, D, dtype=dtype)
     with torch.autocast('cpu', dtype=dtype):
@@ -110,6 +127,7 @@ def test_mala_attention_of_all_zero_inputs_is_exactly_zero(dtype):
     assert torch.equal(y, torch.zeros_like(y))
 
 
+@MARKS[torch.float16]
 def test_fp16_autocast_keeps_outputs_beyond_fp16_range_accurate_in_fp32():
     # fp32 inputs keep the output in fp32; the fp16 matmuls in between see operands of unit scale
     q, k, v = (1e4 * randn() for _ in range(3))
@@ -122,7 +140,7 @@ def test_fp16_autocast_keeps_outputs_beyond_fp16_range_accurate_in_fp32():
 
 
 @pytest.mark.parametrize('case', ['random', 'q, k, v x 1e-4', 'q near -12', 'q in [-30, 0]'])
-@pytest.mark.parametrize('dtype', LOW_PRECISIONS, ids=NAMES.get)
+@pytest.mark.parametrize('dtype', DTYPES)
 def test_mala_attention_gradients_in_low_precision_match_exact_formula(dtype, case):
     # d beta / d z = -1 / z^2 is ~1e10 for queries near -12: the gradient must pass through it in fp32
     q, k, v, (height, width), epsilons = ATTENTION_CASES[case]()
@@ -149,7 +167,7 @@ MODULE_INPUTS = {
 }
 
 
-@pytest.mark.parametrize('dtype,case', [pytest.param(dtype, case, id=f'{NAMES[dtype]}-{case}')
+@pytest.mark.parametrize('dtype,case', [pytest.param(dtype, case, id=f'{NAMES[dtype]}-{case}', marks=MARKS.get(dtype, ()))
                                         for dtype in LOW_PRECISIONS for case in MODULE_INPUTS
                                         if not (dtype is torch.float16 and case == 'x 1e4')])
 def test_mala_attention_module_under_autocast_matches_fp64(dtype, case):
@@ -201,7 +219,7 @@ BELOW_FP16 = {('tiny', 'x 1e-3')}
 
 @pytest.mark.parametrize('image', list(IMAGES))
 @pytest.mark.parametrize('arch', ['tiny', 'small'])
-@pytest.mark.parametrize('dtype', LOW_PRECISIONS, ids=NAMES.get)
+@pytest.mark.parametrize('dtype', DTYPES)
 def test_backbone_under_autocast_stays_close_to_fp32(backbones, dtype, arch, image):
     model = backbones[arch]
     x = IMAGES[image]()
@@ -217,8 +235,10 @@ def test_backbone_under_autocast_stays_close_to_fp32(backbones, dtype, arch, ima
 
 @pytest.mark.parametrize('image', ['natural', 'x 1000', 'constant'])
 @pytest.mark.parametrize('arch', ['tiny', 'small'])
-@pytest.mark.parametrize('dtype', LOW_PRECISIONS, ids=NAMES.get)
+@pytest.mark.parametrize('dtype', DTYPES)
 def test_backbone_backward_under_autocast_reaches_every_parameter(backbones, dtype, arch, image):
+    if dtype == torch.bfloat16 and SDPA_BF16_BACKWARD_ABORTS:
+        pytest.skip("this torch's CPU attention kernel aborts in its bfloat16 backward")
     # in eval mode, so that no block is dropped and every parameter has a gradient
     model = copy.deepcopy(backbones[arch])
     with torch.autocast('cpu', dtype=dtype):
@@ -247,6 +267,8 @@ def test_residual_depthwise_conv_keeps_the_residual_stream_in_fp32_under_autocas
     if residual == 'fused':
         assert torch.allclose(conv(x), x + F.conv2d(x, conv.weight, conv.bias, padding=1, groups=8), atol=1e-6)
         return
+    if not _cpu_autocast_takes(torch.float16):
+        pytest.skip("this torch's CPU autocast has no float16")
     with torch.no_grad(), torch.autocast('cpu', dtype=torch.float16):
         y = conv(x)
         delta = F.conv2d(x, conv.weight, conv.bias, padding=1, groups=8)  # in fp16, as autocast runs it
@@ -260,6 +282,7 @@ STAGE0_TOKENS = (200, 334)
 
 @pytest.mark.slow
 @pytest.mark.parametrize('loss_scale', [512., 2.**16], ids=['release 512', 'dynamic start 2^16'])
+@MARKS[torch.float16]
 def test_fp16_backward_at_the_paper_size_is_finite(loss_scale):
     """The backward of one MALA attention under fp16 autocast at the paper's stage-0 size, with the loss scaled
     as the release's static scaler (512) and as a dynamic scaler starts (2^16): every gradient finite and

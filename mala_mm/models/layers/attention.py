@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .rope import RotaryTables, apply_rope, rope_head_dims
+from .torch_compat import autocast_dtype, autocast_enabled
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -57,8 +58,8 @@ def mala_attention(q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables]
 def _matmul_dtype(x: Tensor) -> torch.dtype:
     """The dtype a matmul of ``x`` runs in: autocast's where autocast is on and applies to x, else x's own."""
     device = x.device.type
-    if x.dtype in (torch.float32, *LOW_PRECISION) and torch.is_autocast_enabled(device):
-        return torch.get_autocast_dtype(device)
+    if x.dtype in (torch.float32, *LOW_PRECISION) and autocast_enabled(device):
+        return autocast_dtype(device)
     return x.dtype
 
 

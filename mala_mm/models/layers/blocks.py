@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from .attention import MALAttention, SoftmaxAttention
 from .rope import RoPE2d, RotaryTables
+from .torch_compat import autocast_enabled
 
 ATTENTION_KINDS = {'mala': MALAttention, 'softmax': SoftmaxAttention}
 
@@ -73,7 +74,7 @@ class ResidualDWConv(nn.Conv2d):
         super().__init__(channels, channels, kernel_size, padding=kernel_size // 2, groups=channels)
 
     def forward(self, x: Tensor) -> Tensor:
-        if torch.is_autocast_enabled(x.device.type):
+        if autocast_enabled(x.device.type):
             return x + super().forward(x)
         centre = self.kernel_size[0] // 2
         identity = torch.zeros_like(self.weight)

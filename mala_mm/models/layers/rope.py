@@ -5,6 +5,8 @@ from typing import NamedTuple, Type
 import torch
 from torch import Tensor, nn
 
+from .torch_compat import is_compiling
+
 
 def rope_head_dims(embed_dims: int, num_heads: int, where: str, error: Type[ValueError] = ValueError) -> int:
     """The width of each of ``num_heads`` heads over ``embed_dims`` channels, checked to suit 2-D RoPE.
@@ -86,7 +88,7 @@ class RoPE2d(nn.Module):
         """The tables of an (height, width) map with tokens flattened row-major, for features of ``dtype``:
         float64 for float64 features, float32 otherwise (RoPE is applied in at least fp32)."""
         dtype = torch.promote_types(dtype, torch.float32)
-        if torch.jit.is_tracing() or torch.compiler.is_compiling():
+        if torch.jit.is_tracing() or is_compiling():
             # a traced or exported graph computes them from its input's size, which may differ from the example's
             return self._compute(height, width, dtype)
         key = (height, width, self.angle.device, dtype)

@@ -1,0 +1,28 @@
+"""The torch queries the layers make, on every torch this package supports: 2.4 gave autocast's queries a device
+argument and 2.3 named ``torch.compiler.is_compiling``; torch 2.1 has them per device and under torch._dynamo."""
+import torch
+
+_NEW_AUTOCAST_API = hasattr(torch, 'get_autocast_dtype')
+
+
+def autocast_enabled(device_type: str) -> bool:
+    """Whether autocast is on for ``device_type`` ('cpu', 'cuda', ...)."""
+    if _NEW_AUTOCAST_API:
+        return torch.is_autocast_enabled(device_type)
+    if device_type == 'cpu':
+        return torch.is_autocast_cpu_enabled()
+    return device_type == 'cuda' and torch.is_autocast_enabled()
+
+
+def autocast_dtype(device_type: str) -> torch.dtype:
+    """The dtype autocast casts to on ``device_type``."""
+    if _NEW_AUTOCAST_API:
+        return torch.get_autocast_dtype(device_type)
+    return torch.get_autocast_cpu_dtype() if device_type == 'cpu' else torch.get_autocast_gpu_dtype()
+
+
+def is_compiling() -> bool:
+    """Whether torch.compile is tracing the code that asks."""
+    if hasattr(torch.compiler, 'is_compiling'):
+        return torch.compiler.is_compiling()
+    return torch._dynamo.is_compiling()
