@@ -70,7 +70,8 @@ print(json.dumps(dict(hooks=hooks, missing=[name for name, cls in found.items() 
     result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert {'AtomicCheckpointHook', 'IterationSeedHook', 'SyncNormStatsHook', 'SkippedStepsHook'} <= set(report['hooks'])
+    assert {'AtomicCheckpointHook', 'IterationSeedHook', 'SyncNormStatsHook', 'SkippedStepsHook'} <= set(
+        report['hooks'])
     assert report['missing'] == []
 
 

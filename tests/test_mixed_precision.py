@@ -105,7 +105,8 @@ ATTENTION_CASES = {
 BEYOND_FP16 = {'q, k, v x 1e4'}
 
 
-@pytest.mark.parametrize('dtype,case', [pytest.param(dtype, case, id=f'{NAMES[dtype]}-{case}', marks=MARKS.get(dtype, ()))
+@pytest.mark.parametrize('dtype,case', [pytest.param(dtype, case, id=f'{NAMES[dtype]}-{case}',
+                                                     marks=MARKS.get(dtype, ()))
                                         for dtype in LOW_PRECISIONS for case in ATTENTION_CASES
                                         if not (dtype is torch.float16 and case in BEYOND_FP16)])
 def test_mala_attention_in_low_precision_matches_exact_formula(dtype, case):
@@ -167,7 +168,8 @@ MODULE_INPUTS = {
 }
 
 
-@pytest.mark.parametrize('dtype,case', [pytest.param(dtype, case, id=f'{NAMES[dtype]}-{case}', marks=MARKS.get(dtype, ()))
+@pytest.mark.parametrize('dtype,case', [pytest.param(dtype, case, id=f'{NAMES[dtype]}-{case}',
+                                                     marks=MARKS.get(dtype, ()))
                                         for dtype in LOW_PRECISIONS for case in MODULE_INPUTS
                                         if not (dtype is torch.float16 and case == 'x 1e4')])
 def test_mala_attention_module_under_autocast_matches_fp64(dtype, case):

@@ -72,7 +72,8 @@ def runner(tmp_path, non_finite, iters, hook=dict(), accumulative_counts=1, resu
         train_cfg=dict(by_epoch=False, max_iters=iters), resume=resume,
         default_hooks=dict(logger=dict(type='LoggerHook', interval=10),
                            checkpoint=dict(type='CheckpointHook', interval=10, by_epoch=False)),
-        custom_hooks=[dict(type='SkippedStepsHook', **hook)], experiment_name=f'{tmp_path.name}_{len(list(tmp_path.iterdir()))}',
+        custom_hooks=[dict(type='SkippedStepsHook', **hook)],
+        experiment_name=f'{tmp_path.name}_{len(list(tmp_path.iterdir()))}',
         default_scope='mmengine', log_level='INFO')
 
 

@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from mala_mm.cli import build_model, read_config
+from mala_mm.cli import build_model, read_config, tool_main
 from mala_mm.sample_inputs import data_samples
 
 
@@ -59,4 +59,4 @@ def main():
 
 
 if __name__ == '__main__':
-    main()
+    tool_main(main)

@@ -15,7 +15,7 @@ from typing import Dict, List
 
 import torch
 
-from mala_mm.cli import fail
+from mala_mm.cli import fail, tool_main
 from mala_mm.checkpoint import CheckpointError, extract_backbone_state_dict, model_state, safe_load
 
 
@@ -84,4 +84,4 @@ def main():
 
 
 if __name__ == '__main__':
-    main()
+    tool_main(main)

@@ -15,7 +15,7 @@ from typing import NoReturn
 import torch
 from mmengine.config import DictAction
 
-from mala_mm.cli import build_model, fail, read_config
+from mala_mm.cli import build_model, fail, read_config, tool_main
 
 # how the export library's messages name its parameters, and the flags that set them here
 FLAGS = {'`shape`': '--shape', '`nms=True`': '--nms', '`backbone_only=True`': '--backbone-only',
@@ -110,4 +110,4 @@ def main():
 
 
 if __name__ == '__main__':
-    main()
+    tool_main(main)

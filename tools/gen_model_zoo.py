@@ -2,7 +2,8 @@
 (``python tools/gen_model_zoo.py --help``; the logic is mala_mm.cli.model_zoo)."""
 from pathlib import Path
 
+from mala_mm.cli import tool_main
 from mala_mm.cli.model_zoo import main
 
 if __name__ == '__main__':
-    main(repo=Path(__file__).resolve().parents[1])
+    tool_main(lambda: main(repo=Path(__file__).resolve().parents[1]))

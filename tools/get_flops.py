@@ -12,7 +12,7 @@ Example:
 import argparse
 
 from mala_mm.analysis.flops import count_model_macs
-from mala_mm.cli import build_model, read_config
+from mala_mm.cli import build_model, read_config, tool_main
 
 # the paper's input sizes (H, W)
 DEFAULT_SHAPES = {'mmdet': (800, 1280), 'mmseg': (512, 2048)}
@@ -50,4 +50,4 @@ def main():
 
 
 if __name__ == '__main__':
-    main()
+    tool_main(main)

@@ -6,8 +6,8 @@
 import argparse
 
 from mala_mm.cli import (add_common_args, config_errors, data_problems, fail, head_class_problems, load_config,
-                         missing_file, preflight, report_changes, require_gpus_where_the_machine_has_them, run_runner,
-                         setup_distributed, warn_about_config)
+                         missing_file, preflight, report_changes, require_gpus_where_the_machine_has_them,
+                         run_runner, setup_distributed, tool_main, warn_about_config)
 
 
 def parse_args():
@@ -65,4 +65,4 @@ def main():
 
 
 if __name__ == '__main__':
-    main()
+    tool_main(main)

@@ -13,8 +13,8 @@ from mmengine.config import DictAction
 from mala_mm.datasets import (DatasetNotFoundError, EmptyDataFileError, check_data_paths, split_image_paths,
                               undecodable_images)
 
-from .errors import fail
-from .runner import read_config
+from .errors import fail, tool_main
+from .config import read_config
 
 
 def main():
@@ -50,4 +50,4 @@ def main():
 
 
 if __name__ == '__main__':
-    main()
+    tool_main(main)

@@ -8,7 +8,7 @@ from typing import Optional
 
 import torch
 
-from .errors import ERROR_STATUS, local_rank, print_error
+from .errors import ToolError, local_rank, print_error
 
 
 def nvidia_gpu_count() -> int:
@@ -56,10 +56,10 @@ def cpu_on_a_gpu_machine() -> Optional[str]:
 
 
 def require_gpus_where_the_machine_has_them() -> None:
-    """Stop (exit status 2) where :func:`cpu_on_a_gpu_machine` finds a reason; the first process of each node
-    says why, since machines differ within a job."""
+    """Raise :class:`ToolError` where :func:`cpu_on_a_gpu_machine` finds a reason; the first process of each node
+    prints why, since machines differ within a job."""
     problem = cpu_on_a_gpu_machine()
     if problem:
         if local_rank() == 0:
             print_error(problem)
-        raise SystemExit(ERROR_STATUS)
+        raise ToolError(problem, printed=True)

@@ -1,12 +1,14 @@
 """The one way a command-line tool stops on an error: ``error: <message>`` on stderr and exit status 2.
 
-A check tool whose answer is "no" (a checkpoint that fits no variant, images that do not decode, model-zoo
-tables that are out of date) stops the same way, with the reason.
+The functions of this package raise :class:`ToolError` (or their own typed errors); :func:`tool_main`, the entry
+of every tool, turns them into that line and status, and is the one place that exits. A check tool whose answer
+is "no" (a checkpoint that fits no variant, images that do not decode, model-zoo tables that are out of date)
+stops the same way, with the reason.
 """
 import os
 import re
 import sys
-from typing import List, NoReturn
+from typing import Callable, List, NoReturn
 
 ERROR_STATUS = 2
 
@@ -24,11 +26,38 @@ def print_error(message: str) -> None:
     print(f'error: {message}', file=sys.stderr, flush=True)
 
 
+class ToolError(Exception):
+    """A problem that stops a tool, its message the tool's ``error:`` line(s). ``printed``: this process has
+    printed it already (a distributed pre-flight prints before its last barrier, so that no line is lost when
+    the launcher stops the other processes)."""
+
+    def __init__(self, message: str, printed: bool = False):
+        super().__init__(message)
+        self.printed = printed
+
+
 def fail(message: str) -> NoReturn:
-    """Print ``error: message`` (once per job, not once per process) and exit with status 2."""
-    if is_main_process():
-        print_error(message)
-    raise SystemExit(ERROR_STATUS)
+    """Stop the tool with ``message``: raise :class:`ToolError`."""
+    raise ToolError(message)
+
+
+def tool_main(main: Callable[[], object]) -> None:
+    """Run a tool's ``main``. A :class:`ToolError`, or an error of this package that explains itself (a
+    checkpoint that cannot be read or does not fit, arguments that cannot build a MALA, too many undecodable
+    images or skipped steps), ends the process with ``error: <message>`` on stderr (once per job, not once per
+    process) and exit status 2; anything else stays a traceback."""
+    from mala_mm.checkpoint import CheckpointError
+    from mala_mm.models import MALAConfigError
+    try:
+        main()
+    except ToolError as err:
+        if not err.printed and is_main_process():
+            print_error(str(err))
+        raise SystemExit(ERROR_STATUS) from None
+    except (CheckpointError, MALAConfigError) as err:
+        if is_main_process():
+            print_error(build_error_message(err))
+        raise SystemExit(ERROR_STATUS) from None
 
 
 def build_error_message(err: Exception) -> str:

@@ -3,9 +3,12 @@
 The tools print the changes once and make them in the config the Runner dumps into the work dir, so that the
 dumped config reproduces the run, with these tools or with mmdet's and mmseg's own.
 """
+import sys
 from dataclasses import dataclass
 from itertools import groupby
 from typing import List
+
+from .errors import is_main_process
 
 SYNC_BN_TYPES = ('SyncBN', 'MMSyncBN', 'TorchSyncBN')  # mmcv's names for SyncBatchNorm
 REMOVED = '(removed)'
@@ -76,3 +79,9 @@ def describe_changes(changes: List[ConfigChange]) -> str:
         lines.append('  ' + ', '.join(f'{c.key}: {c.before!r} -> {c.after if c.after is REMOVED else repr(c.after)}'
                                       for c in group) + f' ({why})')
     return '\n'.join(lines)
+
+
+def report_changes(changes: List[ConfigChange]) -> None:
+    """Print, once per job, the keys a tool changed in the config for this machine."""
+    if changes and is_main_process():
+        print(describe_changes(changes), file=sys.stderr)

@@ -10,7 +10,7 @@ import time
 
 from mala_mm.datasets import BuiltinDatasetParams, dataset_summary, generate_builtin_dataset
 
-from .errors import fail
+from .errors import fail, tool_main
 
 DEFAULTS = BuiltinDatasetParams()
 
@@ -44,4 +44,4 @@ def main():
 
 
 if __name__ == '__main__':
-    main()
+    tool_main(main)

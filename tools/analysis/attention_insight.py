@@ -32,7 +32,7 @@ from torch import Tensor  # noqa: E402
 
 from mala_mm.analysis.attention_scores import (KINDS, BlockAttention, capture_block, magnitude_curves,  # noqa: E402
                                                score_matrix)
-from mala_mm.cli import build_backbone, fail  # noqa: E402
+from mala_mm.cli import build_backbone, fail, tool_main  # noqa: E402
 from mala_mm.models import MALA  # noqa: E402
 
 # the configs' data_preprocessor (ImageNet statistics, RGB)
@@ -181,4 +181,4 @@ def main():
 
 
 if __name__ == '__main__':
-    main()
+    tool_main(main)
