@@ -11,7 +11,8 @@ import os
 import torch
 
 from common import markdown_table, peak_mib, time_ms, write_results
-from mala_mm.models.layers import RoPE2d, linear_attention, mala_attention, softmax_attention
+from mala_mm.analysis.baselines import linear_attention
+from mala_mm.models.layers import RoPE2d, mala_attention, softmax_attention
 
 KINDS = {'mala': mala_attention, 'softmax': softmax_attention, 'linear': linear_attention}
 DTYPES = {'fp32': torch.float32, 'bf16': torch.bfloat16}

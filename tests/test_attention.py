@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from mala_mm import reference
-from mala_mm.models.layers import (MALAttention, RoPE2d, SoftmaxAttention, apply_rope, linear_attention,
-                                   mala_attention, softmax_attention)
+from mala_mm.analysis.baselines import linear_attention
+from mala_mm.models.layers import MALAttention, RoPE2d, SoftmaxAttention, apply_rope, mala_attention, softmax_attention
 
 B, HEADS, H, W, D = 2, 3, 5, 7, 8
 N = H * W

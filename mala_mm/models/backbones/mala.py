@@ -5,6 +5,7 @@ import torch
 from mmengine.logging import MMLogger
 from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
+from mmengine.registry import MODELS
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
@@ -25,6 +26,8 @@ class MALAConfigError(ValueError):
     """An argument of :class:`MALA` that cannot build a model; the message says which and what is allowed."""
 
 
+# in mmengine's root registry, which mmdet's and mmseg's MODELS consult for a type they do not hold themselves
+@MODELS.register_module()
 class MALA(BaseModule):
     """MALA backbone from "Rectifying Magnitude Neglect in Linear Attention" (ICCV 2025).
 

@@ -91,24 +91,6 @@ def _power_of_two_above(x: Tensor) -> Tensor:
     return torch.where(x > 0, torch.exp2(torch.floor(torch.log2(x)) + 1), torch.ones_like(x))
 
 
-def linear_attention(q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables] = None,
-                     eps: float = 1e-6) -> Tensor:
-    """Plain (magnitude-blind) linear attention ``phi(q~) (sum_j phi(k~_j)^T v_j) / (phi(q) sum_m phi(k_m)^T)``.
-
-    The reference MALA improves on, where the norm of ``phi(q_i)`` cancels between numerator and denominator. No
-    model here uses it: it is the comparison baseline of ``benchmarks/attention_op.py``, of the attention-insight
-    tool and of the tests of magnitude awareness.
-
-    Args:
-        q, k, v: (B, h, N, d); rope: (N, d) tables from :meth:`RoPE2d.tables`, or None.
-    """
-    q, k = F.elu(q) + 1, F.elu(k) + 1
-    denominator = q @ k.sum(dim=-2, keepdim=True).transpose(-2, -1)     # (B, h, N, 1)
-    if rope is not None:
-        q, k = apply_rope(q, rope), apply_rope(k, rope)
-    return (q @ (k.transpose(-2, -1) @ v)) / (denominator + eps)
-
-
 def softmax_attention(q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables] = None) -> Tensor:
     """``softmax(d^-1/2 q~ k~^T) v`` on RoPE-rotated raw q, k; fused kernels, no N x N matrix where available.
 
