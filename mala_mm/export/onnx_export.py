@@ -1,0 +1,43 @@
+"""Writing the ONNX graph with either of torch's exporters."""
+from typing import Dict, List
+
+import torch
+from torch import Tensor
+
+from .errors import ExportError
+from .wrapper import ImageToTensors
+
+EXPORTERS = ('dynamo', 'torchscript')
+
+
+def export_onnx(module: ImageToTensors, example: Tensor, path: str, dynamic: bool = False, opset: int = 18,
+                exporter: str = 'dynamo') -> List[str]:
+    """Write ``module`` traced on ``example`` to ``path``; with ``dynamic``, batch, height and width are free.
+
+    Returns the output names.
+    """
+    if exporter not in EXPORTERS:
+        raise ExportError(f'unknown exporter {exporter!r}; choose one of {EXPORTERS}')
+    detections = module.detections is not None
+    if detections and (exporter != 'torchscript' or example.shape[0] != 1):
+        raise ExportError('`nms=True` exports the detections of one image with the TorchScript exporter: pass '
+                          "`exporter='torchscript'` (the dynamo exporter has no lowering of NMS)")
+    module.eval()
+    with torch.no_grad():
+        names = module.describe_outputs(module(example))
+    options: Dict[str, object] = dict(input_names=['image'], output_names=names, opset_version=opset)
+    if exporter == 'dynamo':
+        if dynamic:
+            options['dynamic_shapes'] = ({0: torch.export.Dim('batch', max=1024),
+                                          2: torch.export.Dim('height', min=32, max=16384),
+                                          3: torch.export.Dim('width', min=32, max=16384)}, )
+    elif dynamic:
+        free = {2: 'height', 3: 'width'} if detections else {0: 'batch', 2: 'height', 3: 'width'}
+        options['dynamic_axes'] = {'image': free, **{name: {0: 'detections'} for name in names if detections}}
+    try:
+        torch.onnx.export(module, (example, ), path, dynamo=exporter == 'dynamo', **options)
+    except Exception as err:  # the exporters raise many types; the first line says which operator failed
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ExportError(f'torch.onnx.export ({exporter}) could not export {type(module.model).__name__}: '
+                          f'{first_line}') from err
+    return names
