@@ -81,8 +81,8 @@ def test_importing_the_package_loads_the_model_and_its_weight_loading_only():
     modules = ast.literal_eval(modules)
     assert registered == 'True'
     assert 'mala_mm.models.backbones.mala' in modules
-    beyond_the_model = [m for m in modules if not m.startswith('mala_mm.models')
-                        and m not in ('mala_mm', 'mala_mm.checkpoint')]
+    beyond_the_model = [m for m in modules if not m.startswith(('mala_mm.models', 'mala_mm.checkpoint'))
+                        and m != 'mala_mm']
     assert beyond_the_model == [] and not any(m.startswith(('mmdet.models', 'mmseg.models')) for m in modules)
 
 

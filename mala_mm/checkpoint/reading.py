@@ -1,28 +1,19 @@
-"""Reading checkpoints as data, and loading MALA backbone weights from the formats users have.
-
-Every checkpoint is read through a restricted unpickler: the only globals its pickle may name are torch's own
-allow-list for ``weights_only`` loading and :data:`SAFE_GLOBALS`, which the released and mmengine checkpoints
-legitimately carry. It is this module's own, so it is equally strict on every torch, whether or not that torch
-has the safe-globals API. :func:`use_safe_loading` makes mmengine's own loading (``load_from``, ``resume``, any
-``Pretrained`` init) do the same.
-"""
+"""Reading a checkpoint as data: a restricted unpickler that builds only the globals torch allows for
+``weights_only`` loading and :data:`SAFE_GLOBALS`, equally strict on every torch, and a message for each way a file
+can fail to be a checkpoint."""
 import _codecs
 import _compat_pickle
 import argparse
 import collections
 import functools
-import logging
 import os
 import pickle
-from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List
 from urllib.parse import urlparse
 
 import numpy as np
 import torch
 from mmengine.logging import HistoryBuffer
-from mmengine.runner import CheckpointLoader
-from torch import nn
 
 _numpy_core = np.core if np.__version__.startswith('1.') else np._core  # renamed in numpy 2
 
@@ -47,9 +38,6 @@ SAFE_GLOBALS = [
     _codecs.encode, collections.Counter, set, complex, bytearray,
     *{type(np.dtype(code)) for code in '?bhilqBHILQefdgFDGUSO'},
 ]
-
-# Keys of the release's classification head, which a dense backbone does not have.
-CLASSIFICATION_ONLY_PREFIXES = ('proj.', 'norm.', 'head.')
 
 
 class CheckpointError(RuntimeError):
@@ -220,94 +208,3 @@ def _is_text(head: bytes) -> bool:
     except UnicodeDecodeError:
         text = head[:-3].decode('utf-8', 'ignore') if len(head) == 512 else ''  # a character cut at byte 512
     return bool(text) and all(c.isprintable() or c in '\r\n\t' for c in text)
-
-
-def model_state(checkpoint: dict) -> dict:
-    """The state dict inside a checkpoint: its ``state_dict`` (mmengine) or ``model`` (the release's
-    classification trainer) entry, or the checkpoint itself when it is a plain state dict."""
-    for container in ('state_dict', 'model'):
-        if isinstance(checkpoint.get(container), dict):
-            return checkpoint[container]
-    return checkpoint
-
-
-def extract_backbone_state_dict(checkpoint, prefix: Optional[str] = None) -> Dict[str, torch.Tensor]:
-    """The backbone's tensors from a loaded checkpoint of any supported format.
-
-    - mmengine/mmdet/mmseg: ``{'state_dict': {'backbone.*': ...}}``;
-    - the release's classification trainer: ``{'model': {...}, 'model_ema': ..., 'args': ...}``, whose
-      classification-only keys (``proj.*``, ``norm.*``, ``head.*``) are dropped;
-    - a plain backbone state dict (as this project's tools write).
-
-    Args:
-        prefix: take only keys under this prefix (e.g. 'backbone.'); by default 'backbone.' where present.
-    """
-    if not isinstance(checkpoint, dict):
-        raise CheckpointError(f'a checkpoint must be a dict, got {type(checkpoint).__name__}')
-    state = {k[len('module.'):] if k.startswith('module.') else k: v
-             for k, v in model_state(checkpoint).items() if isinstance(v, torch.Tensor)}
-    if prefix is None and any(k.startswith('backbone.') for k in state):
-        prefix = 'backbone.'
-    if prefix:
-        return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-    return {k: v for k, v in state.items() if not k.startswith(CLASSIFICATION_ONLY_PREFIXES)}
-
-
-@dataclass
-class StateDictComparison:
-    """How a checkpoint's state dict lines up with a model's: keys in both, keys only the model has, keys only
-    the checkpoint has, and keys in both whose shapes differ ('key: checkpoint (...), model (...)')."""
-    matched: List[str] = field(default_factory=list)
-    missing: List[str] = field(default_factory=list)
-    unexpected: List[str] = field(default_factory=list)
-    wrong_shapes: List[str] = field(default_factory=list)
-
-
-def compare_state_dict(state: Dict[str, torch.Tensor], model: nn.Module) -> StateDictComparison:
-    own = model.state_dict()
-    matched = [key for key in state if key in own]
-    return StateDictComparison(
-        matched=matched,
-        missing=[key for key in own if key not in state],
-        unexpected=[key for key in state if key not in own],
-        wrong_shapes=[f'{key}: checkpoint {tuple(state[key].shape)}, model {tuple(own[key].shape)}'
-                      for key in matched if state[key].shape != own[key].shape])
-
-
-def load_backbone_weights(model: nn.Module, filename: str, prefix: Optional[str] = None,
-                          logger: Optional[logging.Logger] = None) -> None:
-    """Load a backbone checkpoint into ``model``, refusing one that does not fit.
-
-    Missing keys (e.g. the dense model's extra norms, absent from classification checkpoints) keep their
-    initialisation and are logged, as are unexpected keys.
-
-    Raises:
-        CheckpointError: no key of the checkpoint belongs to the model, or some shapes differ (another arch).
-    """
-    logger = logger or logging.getLogger(__name__)
-    state = extract_backbone_state_dict(safe_load(filename), prefix)
-    comparison = compare_state_dict(state, model)
-    if not comparison.matched:
-        raise CheckpointError(
-            f'no key of {filename!r} belongs to {type(model).__name__} (it has {len(state)} tensors, e.g. '
-            f'{list(state)[:3]}); is it a MALA checkpoint, and is prefix={prefix!r} right?')
-    if comparison.wrong_shapes:
-        raise CheckpointError(
-            f'{filename!r} does not fit this {type(model).__name__} arch: {len(comparison.wrong_shapes)} shapes '
-            f'differ, e.g. ' + '; '.join(comparison.wrong_shapes[:3]) + '. Pick the arch the checkpoint was '
-            'trained with.')
-    model.load_state_dict(state, strict=False)
-    logger.info(f'loaded {len(comparison.matched)} tensors into {type(model).__name__} from {filename}')
-    if comparison.missing:
-        logger.warning(f'keys missing from the checkpoint, left at their initialisation: {comparison.missing}')
-    if comparison.unexpected:
-        logger.warning(f'checkpoint keys the model does not have, ignored: {comparison.unexpected}')
-
-
-def use_safe_loading() -> None:
-    """Make mmengine read every checkpoint as :func:`safe_load` does: local files (``load_from``, ``resume``,
-    ``init_cfg=dict(type='Pretrained')`` of any model) and http(s) URLs, with :func:`safe_load`'s clear errors.
-    Without this, torch >= 2.6 refuses mmengine's own checkpoints on resume (their meta holds HistoryBuffer and
-    numpy objects), and older torch reads any pickle with no restriction at all."""
-    CheckpointLoader.register_scheme(prefixes='', loader=safe_load, force=True)
-    CheckpointLoader.register_scheme(prefixes=('http://', 'https://'), loader=safe_load, force=True)
