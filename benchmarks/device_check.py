@@ -14,6 +14,7 @@ from common import exact_fp32
 from mala_mm import MALA
 from mala_mm.checkpoint import load_backbone_weights
 from mala_mm.models.layers import softmax_attention
+from mala_mm.reference import relative_error
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'tests', 'data')
 
@@ -35,10 +36,9 @@ def main():
             bf16 = model(x)
     for i, (exact, fast, low, release) in enumerate(zip(fp32, tf32, bf16, io['outputs'])):
         release = release.to(device)
-        relative = lambda out: ((out.float() - release).abs().max() / release.abs().max()).item()
         print(f'stage {i}: max abs error vs release, fp32 {(exact - release).abs().max().item():.2e}, '
               f'with the default TF32 convs {(fast - release).abs().max().item():.2e}; '
-              f'bf16 autocast max abs error / max |output| {relative(low):.2e}')
+              f'bf16 autocast max abs error / max |output| {relative_error(low, release):.2e}')
     if device.type != 'cuda':
         return  # the fused kernels checked below are CUDA's
     for head_dims in (32, 48, 64, 80):

@@ -40,6 +40,13 @@ EPS = 1e-6
 MALA_ORDERS = ('scores', 'release')
 
 
+def relative_error(ours: Tensor, reference: Tensor) -> float:
+    """max |ours - reference| / max |reference|, in fp64; the absolute error where the reference is all zero."""
+    error = (ours.double() - reference.double()).abs().max().item()
+    scale = reference.double().abs().max().item()
+    return error / scale if scale else error
+
+
 def phi(x: Tensor) -> Tensor:
     """MALA's kernel, ``elu(x) + 1``: positive features."""
     return F.elu(x) + 1

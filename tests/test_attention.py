@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from mala_mm import reference
-from mala_mm.analysis.baselines import linear_attention
+from mala_mm.analysis.attention_scores import score_matrix
 from mala_mm.models.layers import MALAttention, RoPE2d, SoftmaxAttention, apply_rope, mala_attention, softmax_attention
 
 B, HEADS, H, W, D = 2, 3, 5, 7, 8
@@ -13,12 +13,6 @@ N = H * W
 def phi_inverse(p):
     """x with phi(x) = p, for p > 0."""
     return torch.where(p >= 1, p - 1, p.log())
-
-
-def scores_of(attention, q, k, rope=None):
-    """The score matrix an attention function applies, read off by attending to one-hot values."""
-    eye = torch.eye(q.shape[-2], dtype=q.dtype).expand(*q.shape[:-1], -1)
-    return attention(q, k, eye, rope)
 
 
 @pytest.fixture
@@ -47,7 +41,7 @@ def test_linear_time_mala_equals_explicit_score_matrix(qkv, rope, reference_angl
 
 def test_mala_rows_sum_to_one_without_rope(qkv):
     q, k, _ = qkv
-    scores = scores_of(mala_attention, q, k)
+    scores = score_matrix('MALA', q, k, None)
     torch.testing.assert_close(scores, reference.mala_scores(q, k), rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(scores.sum(-1), torch.ones(B, HEADS, N, dtype=torch.float64), rtol=0, atol=1e-5)
 
@@ -55,7 +49,7 @@ def test_mala_rows_sum_to_one_without_rope(qkv):
 def test_mala_rows_do_not_sum_to_one_with_rope(qkv, rope):
     # z uses the un-rotated features, as released: the identity holds only when RoPE is the identity.
     q, k, _ = qkv
-    row_sums = scores_of(mala_attention, q, k, rope).sum(-1)
+    row_sums = score_matrix('MALA', q, k, rope).sum(-1)
     assert (row_sums - 1).abs().max() > 1e-3
 
 
@@ -64,11 +58,11 @@ def test_scaling_phi_q_sharpens_mala_but_not_linear_attention(qkv):
     maxima, spreads, linear_rows = [], [], []
     for factor in (0.5, 1.0, 2.0, 4.0):
         scaled_q = phi_inverse(factor * reference.phi(q))
-        scores = scores_of(mala_attention, scaled_q, k)
+        scores = score_matrix('MALA', scaled_q, k, None)
         torch.testing.assert_close(scores.sum(-1), torch.ones_like(scores[..., 0]), rtol=0, atol=1e-5)
         maxima.append(scores.max(-1).values)
         spreads.append(scores.std(-1))
-        linear_rows.append(scores_of(linear_attention, scaled_q, k))
+        linear_rows.append(score_matrix('linear', scaled_q, k, None))
     for smaller, larger in zip(maxima, maxima[1:]):
         assert (larger > smaller).all()
     for smaller, larger in zip(spreads, spreads[1:]):

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from conftest import SMALL_ARCH, feature_loss
 from mala_mm import MALA, reference
+from mala_mm.reference import relative_error
 from mala_mm.models.layers import MALAttention, RoPE2d, mala_attention
 
 
@@ -52,13 +53,6 @@ BACKBONE = 12
 
 B, HEADS, H, W, D = 2, 2, 8, 8, 16
 N = H * W
-
-
-def relative_error(ours, reference):
-    """max |ours - reference| / max |reference|; the absolute error where the reference is all zero."""
-    error = (ours.double() - reference.double()).abs().max().item()
-    scale = reference.double().abs().max().item()
-    return error / scale if scale else error
 
 
 def tolerance(dtype, epsilons):

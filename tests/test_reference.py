@@ -15,6 +15,7 @@ import torch
 from conftest import DATA_DIR
 from mala_mm import MALA, reference
 from mala_mm.checkpoint import load_backbone_weights
+from mala_mm.reference import relative_error
 
 FP32_LAYERS = 4 + 6 + 3
 ONE_FP32_EVALUATION = FP32_LAYERS * torch.finfo(torch.float32).eps
@@ -24,8 +25,7 @@ B, HEADS, H, W, D = 2, 3, 5, 7, 8
 
 
 def relative_errors(outputs, expected):
-    return [((ours.double() - exact.double()).abs().max() / exact.double().abs().max()).item()
-            for ours, exact in zip(outputs, expected)]
+    return [relative_error(ours, exact) for ours, exact in zip(outputs, expected)]
 
 
 @pytest.fixture(scope='module')
