@@ -1,5 +1,5 @@
 # MALA-T Cascade Mask R-CNN on the built-in shapes dataset, trained from scratch.
-_base_ = ['mmdet::_base_/models/cascade-mask-rcnn_r50_fpn.py', './_base_/builtin_runtime.py']
+_base_ = ['mmdet::_base_/models/cascade-mask-rcnn_r50_fpn.py', './_base_/builtin_detectors.py']
 
 norm_cfg = _base_.norm_cfg
 # the three stages as in mmdet's base: each regresses finer offsets and takes a higher IoU as positive

@@ -1,5 +1,5 @@
 # MALA-T Mask R-CNN on the built-in shapes dataset, trained from scratch.
-_base_ = ['mmdet::_base_/models/mask-rcnn_r50_fpn.py', './_base_/builtin_runtime.py']
+_base_ = ['mmdet::_base_/models/mask-rcnn_r50_fpn.py', './_base_/builtin_detectors.py']
 
 norm_cfg = _base_.norm_cfg
 model = dict(

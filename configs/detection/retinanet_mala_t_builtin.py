@@ -1,5 +1,5 @@
 # MALA-T RetinaNet on the built-in shapes dataset, trained from scratch.
-_base_ = ['mmdet::_base_/models/retinanet_r50_fpn.py', './_base_/builtin_runtime.py']
+_base_ = ['mmdet::_base_/models/retinanet_r50_fpn.py', './_base_/builtin_detectors.py']
 
 model = dict(
     # FPN from stage 2, as in the paper's RetinaNet
