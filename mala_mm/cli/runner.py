@@ -19,18 +19,16 @@ def build_runner(cfg):
 
 
 def run_runner(cfg, action: str):
-    """``build_runner(cfg).<action>()``; a checkpoint that cannot be read or does not fit, backbone arguments
-    that cannot build a MALA, too many undecodable images or skipped steps stop the tool with the reason, not a
-    traceback from inside the runner."""
-    from mala_mm.checkpoint import CheckpointError
+    """``build_runner(cfg).<action>()``; too many undecodable images or skipped steps stop the tool with the
+    reason, not a traceback from inside the runner (a checkpoint that cannot be read or does not fit, and
+    backbone arguments that cannot build a MALA, reach :func:`tool_main` as they are)."""
     from mala_mm.datasets import TooManyUndecodableImages
     from mala_mm.engine import TooManySkippedSteps
-    from mala_mm.models import MALAConfigError
     finished = False
     try:
         getattr(build_runner(cfg), action)()  # the runner is not kept: close_distributed collects it
         finished = True
-    except (CheckpointError, MALAConfigError, TooManySkippedSteps, TooManyUndecodableImages) as err:
+    except (TooManySkippedSteps, TooManyUndecodableImages) as err:
         fail(build_error_message(err))
     finally:
         close_distributed(finished)
