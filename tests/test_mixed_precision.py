@@ -234,7 +234,7 @@ def test_backbone_under_autocast_stays_close_to_fp32(backbones, dtype, arch, ima
 @pytest.mark.parametrize('dtype', DTYPES)
 def test_backbone_backward_under_autocast_reaches_every_parameter(backbones, dtype, arch, image):
     if dtype == torch.bfloat16 and SDPA_BF16_BACKWARD_ABORTS:
-        pytest.skip("this torch's CPU attention kernel aborts in its bfloat16 backward")
+        pytest.skip("torch 2.1's CPU scaled_dot_product_attention aborts the process in its bfloat16 backward")
     # in eval mode, so that no block is dropped and every parameter has a gradient
     model = copy.deepcopy(backbones[arch])
     with torch.autocast('cpu', dtype=dtype):

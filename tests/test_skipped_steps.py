@@ -20,7 +20,8 @@ from mala_mm.engine import SkippedStepsHook, TooManySkippedSteps
 LOSS_SCALE = 512.
 # torch.amp.GradScaler, which runs on CPU, is not in every torch this package supports (torch 2.1 has only CUDA's);
 # the hook itself needs no scaler
-pytestmark = pytest.mark.skipif(not hasattr(torch.amp, 'GradScaler'), reason="this torch's GradScaler needs CUDA")
+pytestmark = pytest.mark.skipif(not hasattr(torch.amp, 'GradScaler'),
+                                reason='this torch has no torch.amp.GradScaler, which runs on CPU')
 
 
 @OPTIM_WRAPPERS.register_module(force=True)
