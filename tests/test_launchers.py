@@ -163,24 +163,22 @@ def test_the_opt_in_runs_a_cpu_torch_on_a_gpu_machine(tmp_path):
     assert 'CPU cores and no CUDA GPU' in error
 
 
-def test_a_cuda_torch_is_shown_with_its_gpus_and_bounds_the_process_count(tmp_path):
-    env = launcher_env(tmp_path, PYTHON=fake_torch_interpreter(tmp_path / 'python', '2.5.1+cu124', '12.4', 8),
-                       MALA_MM_NVIDIA_SMI=fake_nvidia_smi(tmp_path / 'nvidia-smi', gpus=8))
-    result = launch(['dist_train.sh', DET_CONFIG, '9'], env, tmp_path)
+@pytest.mark.parametrize('torch_gpus, machine_gpus, processes, error', [
+    (8, 8, '9', 'error: asked for 9 processes, but this machine has 8 CUDA GPUs; pass GPUS <= 8'),
+    (0, 1, '1', 'has torch 2.5.1+cu124, built with CUDA 12.4 but sees no GPU'),
+])
+def test_a_cuda_torch_is_shown_with_the_gpus_it_sees_and_they_bound_the_launch(
+        tmp_path, torch_gpus, machine_gpus, processes, error):
+    """With 8 GPUs they bound the process count; a CUDA torch that sees none of the machine's GPUs is refused."""
+    env = launcher_env(tmp_path, PYTHON=fake_torch_interpreter(tmp_path / 'python', '2.5.1+cu124', '12.4',
+                                                               torch_gpus),
+                       MALA_MM_NVIDIA_SMI=fake_nvidia_smi(tmp_path / 'nvidia-smi', gpus=machine_gpus))
+    result = launch(['dist_train.sh', DET_CONFIG, processes], env, tmp_path)
     assert result.returncode == 2
-    first, error = result.stderr.splitlines()
-    assert first == f'[mala_mm] python: {tmp_path / "python"} (torch 2.5.1+cu124, CUDA 12.4, 8 GPUs), chosen by PYTHON'
-    assert error == 'error: asked for 9 processes, but this machine has 8 CUDA GPUs; pass GPUS <= 8'
-
-
-def test_a_cuda_torch_that_sees_no_gpu_is_refused_on_a_gpu_machine(tmp_path):
-    env = launcher_env(tmp_path, PYTHON=fake_torch_interpreter(tmp_path / 'python', '2.5.1+cu124', '12.4', 0),
-                       MALA_MM_NVIDIA_SMI=fake_nvidia_smi(tmp_path / 'nvidia-smi', gpus=1))
-    result = launch(['dist_train.sh', DET_CONFIG, '1'], env, tmp_path)
-    assert result.returncode == 2
-    first, error = result.stderr.splitlines()
-    assert first.endswith('(torch 2.5.1+cu124, CUDA 12.4, 0 GPUs), chosen by PYTHON')
-    assert 'has torch 2.5.1+cu124, built with CUDA 12.4 but sees no GPU' in error
+    first, line = result.stderr.splitlines()
+    assert first == (f'[mala_mm] python: {tmp_path / "python"} (torch 2.5.1+cu124, CUDA 12.4, {torch_gpus} GPUs), '
+                     'chosen by PYTHON')
+    assert line.startswith('error: ') and error in line, line
 
 
 @pytest.mark.parametrize('interpreter', ['no torch', 'missing'])

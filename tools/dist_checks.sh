@@ -20,6 +20,13 @@ check_process_count() {
         usage_error "asked for $1 processes, but this machine has $available $what; pass GPUS <= $available"
 }
 
+# check_launch CONFIG PROCS: what every local launch checks before torchrun starts.
+check_launch() {
+    check_config "$1"
+    check_interpreter
+    check_process_count "$2"
+}
+
 # split_max_restarts [train.py options]: sets RESTARTS (the value of --max-restarts N, 0 without) and TRAIN_ARGS
 # (the other options, with --resume added where RESTARTS > 0: every restart picks up the latest checkpoint, and
 # the first start finds none).

@@ -10,11 +10,7 @@ set -euo pipefail
 TOOLS="$(dirname "$0")"
 source "$TOOLS/dist_checks.sh"
 [[ $# -ge 3 ]] || usage_error "usage: $0 CONFIG CHECKPOINT GPUS [test.py options]"
-CONFIG="$1"
-CHECKPOINT="$2"
-GPUS="$3"
-check_config "$CONFIG"
+CONFIG="$1" CHECKPOINT="$2" GPUS="$3"
 [[ -f "$CHECKPOINT" ]] || usage_error "checkpoint '$CHECKPOINT' does not exist"
-check_interpreter
-check_process_count "$GPUS"
+check_launch "$CONFIG" "$GPUS"
 launch "$GPUS" "$TOOLS/test.py" "$CONFIG" "$CHECKPOINT" --launcher pytorch "${@:4}"

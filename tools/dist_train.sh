@@ -13,10 +13,7 @@ set -euo pipefail
 TOOLS="$(dirname "$0")"
 source "$TOOLS/dist_checks.sh"
 [[ $# -ge 2 ]] || usage_error "usage: $0 CONFIG GPUS [--max-restarts N] [train.py options]"
-CONFIG="$1"
-GPUS="$2"
-check_config "$CONFIG"
-check_interpreter
-check_process_count "$GPUS"
+CONFIG="$1" GPUS="$2"
+check_launch "$CONFIG" "$GPUS"
 split_max_restarts "${@:3}"
 MAX_RESTARTS="$RESTARTS" launch "$GPUS" "$TOOLS/train.py" "$CONFIG" --launcher pytorch ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"}

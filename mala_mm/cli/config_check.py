@@ -82,7 +82,7 @@ def _check_model(node, path: str, scope: str, holder: str = 'model') -> Iterator
             yield from _check_model(value, f'{path}.{key}', scope, key)
     elif isinstance(node, (list, tuple)):
         for index, value in enumerate(node):
-            yield from _check_model(value, f'{path}[{index}]', scope, holder)
+            yield from _check_model(value, f'{path}.{index}', scope, holder)
 
 
 def _check_loop(cfg, key: str, scope: str) -> Iterator[str]:
@@ -108,10 +108,10 @@ def _check_runner_parts(cfg, scope: str) -> Iterator[str]:
         yield from _check_typed(optim_wrapper.get('optimizer'), 'optim_wrapper.optimizer', scope, ('OPTIMIZERS', ))
     schedulers = cfg.get('param_scheduler')
     for index, scheduler in enumerate(schedulers if isinstance(schedulers, (list, tuple)) else [schedulers]):
-        yield from _check_typed(scheduler, f'param_scheduler[{index}]', scope, ('PARAM_SCHEDULERS', ),
+        yield from _check_typed(scheduler, f'param_scheduler.{index}', scope, ('PARAM_SCHEDULERS', ),
                                 extra_keys=('convert_to_iter_based', ))
     hooks = [(f'default_hooks.{name}', hook) for name, hook in (cfg.get('default_hooks') or {}).items()]
-    hooks += [(f'custom_hooks[{index}]', hook) for index, hook in enumerate(cfg.get('custom_hooks') or [])]
+    hooks += [(f'custom_hooks.{index}', hook) for index, hook in enumerate(cfg.get('custom_hooks') or [])]
     for path, hook in hooks:
         # the Runner takes a hook's priority out before building it
         yield from _check_typed(hook, path, scope, ('HOOKS', ), extra_keys=('priority', ))

@@ -6,6 +6,8 @@ from typing import Iterator, List, Optional, Tuple
 
 from mala_mm.datasets.paths import keyed_leaf_datasets
 
+from .config_tree import config_dicts
+
 # parts of a model whose num_classes is not the dataset's: an RPN scores objectness, one class
 NOT_THE_DATASETS_CLASSES = ('rpn_head', )
 
@@ -14,15 +16,9 @@ def head_class_counts(node, key: str = 'model') -> Iterator[Tuple[str, int]]:
     """(dotted config key, num_classes) of every part of the model config ``node`` that sets ``num_classes``:
     mmdet's box and mask heads (each of Cascade's list of box heads), RetinaNet's head, mmseg's decode and
     auxiliary heads; not an RPN's."""
-    if isinstance(node, dict):
-        if isinstance(node.get('num_classes'), int):
-            yield key, node['num_classes']
-        for name, value in node.items():
-            if name not in NOT_THE_DATASETS_CLASSES:
-                yield from head_class_counts(value, f'{key}.{name}')
-    elif isinstance(node, (list, tuple)):
-        for index, value in enumerate(node):
-            yield from head_class_counts(value, f'{key}.{index}')
+    for where, part in config_dicts(node, key, skip=NOT_THE_DATASETS_CLASSES):
+        if isinstance(part.get('num_classes'), int):
+            yield where, part['num_classes']
 
 
 def dataset_classes(dataset_cfg: dict, scope: str) -> Tuple[Optional[tuple], str]:

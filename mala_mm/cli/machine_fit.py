@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import List
 
+from .config_tree import config_dicts
 from .errors import is_main_process
 
 SYNC_BN_TYPES = ('SyncBN', 'MMSyncBN', 'TorchSyncBN')  # mmcv's names for SyncBatchNorm
@@ -26,16 +27,11 @@ def sync_bn_to_bn(node, key: str = 'model') -> List[ConfigChange]:
     """Turn every ``type='SyncBN'`` (or another SyncBatchNorm name) in the config node at ``key`` into ``'BN'``, in
     place, for processes on CPU."""
     changes = []
-    if isinstance(node, dict):
-        if node.get('type') in SYNC_BN_TYPES:
-            changes.append(ConfigChange(f'{key}.type', node['type'], 'BN', 'torch runs SyncBN only on CUDA '
+    for where, part in config_dicts(node, key):
+        if part.get('type') in SYNC_BN_TYPES:
+            changes.append(ConfigChange(f'{where}.type', part['type'], 'BN', 'torch runs SyncBN only on CUDA '
                                         'tensors: on CPU each process normalises over its own batch'))
-            node['type'] = 'BN'
-        for name, value in node.items():
-            changes += sync_bn_to_bn(value, f'{key}.{name}')
-    elif isinstance(node, (list, tuple)):
-        for index, value in enumerate(node):
-            changes += sync_bn_to_bn(value, f'{key}.{index}')
+            part['type'] = 'BN'
     return changes
 
 

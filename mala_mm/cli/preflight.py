@@ -4,20 +4,16 @@ from typing import Callable, Iterator, List, Tuple
 
 import torch.distributed as dist
 
+from .config_tree import config_dicts
 from .distributed import close_distributed
 from .errors import ToolError, fail, local_rank, missing_local_file, print_error
 
 
 def _pretrained_checkpoints(node, path: str = 'model') -> Iterator[Tuple[str, str]]:
     """(dotted path, file) of every ``init_cfg=dict(type='Pretrained', checkpoint=...)`` under ``node``."""
-    if isinstance(node, dict):
-        if node.get('type') == 'Pretrained' and isinstance(node.get('checkpoint'), str):
-            yield f'{path}.checkpoint', node['checkpoint']
-        for key, value in node.items():
-            yield from _pretrained_checkpoints(value, f'{path}.{key}')
-    elif isinstance(node, (list, tuple)):
-        for index, value in enumerate(node):
-            yield from _pretrained_checkpoints(value, f'{path}[{index}]')
+    for where, part in config_dicts(node, path):
+        if part.get('type') == 'Pretrained' and isinstance(part.get('checkpoint'), str):
+            yield f'{where}.checkpoint', part['checkpoint']
 
 
 def missing_weight_files(cfg, load_from_name: str = 'load_from') -> List[str]:

@@ -1,5 +1,6 @@
 """A single-stage detector's detections in exportable operations: box decoding, score threshold, and NMS as ONNX's
 ``NonMaxSuppression``."""
+import inspect
 import math
 from typing import Sequence, Tuple
 
@@ -64,7 +65,9 @@ class DenseDetections(nn.Module):
         self.prior_generator, self.num_classes = head.prior_generator, head.cls_out_channels
         self.means, self.stds = coder.means, coder.stds
         self.clip_border, self.ctr_clamp = coder.clip_border, coder.ctr_clamp if coder.add_ctr_clamp else None
-        self.max_ratio = abs(math.log(16 / 1000))  # the coder's default wh_ratio_clip, which the head uses
+        # the head decodes with the coder's default wh_ratio_clip, which is an argument of decode, not a field
+        wh_ratio_clip = inspect.signature(coder.decode).parameters['wh_ratio_clip'].default
+        self.max_ratio = abs(math.log(wh_ratio_clip))
         self.score_thr, self.nms_pre = cfg.get('score_thr', 0), cfg.get('nms_pre', -1)
         self.min_bbox_size, self.max_per_img = cfg.get('min_bbox_size', -1), cfg.max_per_img
         self.iou_threshold = nms_cfg['iou_threshold']
