@@ -18,9 +18,10 @@ KINDS = {'mala': mala_attention, 'softmax': softmax_attention, 'linear': linear_
 DTYPES = {'fp32': torch.float32, 'bf16': torch.bfloat16}
 
 
-def measure(kind, side, head_dims, dtype, heads, device, backward):
-    rope = RoPE2d(head_dims).to(device).tables(side, side, dtype=dtype)
-    qkv = [torch.randn(1, heads, side * side, head_dims, device=device, dtype=dtype, requires_grad=backward)
+def measure(kind, height, width, head_dims, dtype, heads, device, backward):
+    """Median ms and peak MiB of one ``kind`` attention over a height x width token map, forward (and backward)."""
+    rope = RoPE2d(head_dims).to(device).tables(height, width, dtype=dtype)
+    qkv = [torch.randn(1, heads, height * width, head_dims, device=device, dtype=dtype, requires_grad=backward)
            for _ in range(3)]
 
     def run():
@@ -52,7 +53,8 @@ def main():
                     if kind == 'softmax' and side * side > max_softmax:
                         continue
                     for backward, tag in ((False, 'fwd'), (True, 'fwd+bwd')):
-                        ms, mib = measure(kind, side, head_dims, DTYPES[dtype_name], args.heads, device, backward)
+                        ms, mib = measure(kind, side, side, head_dims, DTYPES[dtype_name], args.heads, device,
+                                            backward)
                         row[f'{kind} {tag} ms'], row[f'{kind} {tag} MiB'] = ms, mib
                 for tag in ('fwd', 'fwd+bwd'):
                     for other in ('softmax', 'linear'):

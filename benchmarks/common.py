@@ -5,7 +5,7 @@ import os
 import statistics
 import time
 import weakref
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -20,14 +20,19 @@ def device_name(device: torch.device) -> str:
 
 
 @contextlib.contextmanager
-def exact_fp32():
-    """Turn off TF32 in CUDA convolutions and matmuls (cuDNN uses it by default) for exact fp32 comparisons."""
+def tf32(enabled: bool):
+    """TF32 in CUDA convolutions and matmuls on or off (by default cuDNN's convolutions use it, matmuls do not)."""
     saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = enabled
     try:
         yield
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def exact_fp32():
+    """TF32 off in CUDA convolutions and matmuls, for exact fp32 comparisons."""
+    return tf32(False)
 
 
 def synchronize(device: torch.device) -> None:
@@ -99,9 +104,11 @@ def peak_mib(fn: Callable[[], object], device: torch.device) -> float:
     return tracker.peak / 2**20
 
 
-def write_results(name: str, device: torch.device, rows: List[dict], markdown: str) -> str:
-    """Save rows as JSON and the table as Markdown under results/<device kind>/; returns the folder."""
-    folder = os.path.join(RESULTS_DIR, device.type)
+def write_results(name: str, device: torch.device, rows: List[dict], markdown: str,
+                  folder: Optional[str] = None) -> str:
+    """Save rows as JSON and the table as Markdown in ``folder`` (default: results/<device kind>/); returns the
+    folder."""
+    folder = folder or os.path.join(RESULTS_DIR, device.type)
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, f'{name}.json'), 'w') as f:
         json.dump(dict(device=device_name(device), torch=torch.__version__, rows=rows), f, indent=1)

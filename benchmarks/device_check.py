@@ -1,44 +1,56 @@
 """The release fixture's outputs on a device against the release's: the error in fp32, with TF32 convolutions
-and under bf16 autocast; on CUDA also that the softmax stages run on the fused SDPA kernels (flash for bf16,
-memory-efficient for fp32) for every head width the variants use.
+and matmuls, and under bf16 and fp16 autocast; on CUDA also that the softmax stages run on the fused SDPA kernels
+(flash for bf16, memory-efficient for fp32) for every head width the variants use.
 
     python benchmarks/device_check.py [--device cuda|cpu]
 """
 import argparse
 import os
+from typing import List
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from common import exact_fp32
+from common import tf32
 from mala_mm import MALA
 from mala_mm.checkpoint import load_backbone_weights
 from mala_mm.models.layers import softmax_attention
 from mala_mm.reference import relative_error
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'tests', 'data')
+# precision -> (TF32 on, autocast dtype or None)
+PRECISIONS = {'fp32': (False, None), 'tf32': (True, None), 'bf16 autocast': (False, torch.bfloat16),
+              'fp16 autocast': (False, torch.float16)}
+
+
+def fixture_errors(device: torch.device) -> List[dict]:
+    """One row per precision and stage of the release fixture's backbone (a narrow arch, the release's random
+    weights, one input): the max abs error of its output against the release's and the relative error (max abs
+    error / max |release output|). TF32 exists on CUDA only: on CPU its rows are fp32's."""
+    io = torch.load(os.path.join(DATA, 'official_det_io.pth'), weights_only=True)
+    model = MALA(arch=io['arch'])
+    load_backbone_weights(model, os.path.join(DATA, 'official_det_ckpt.pth'))
+    model = model.to(device).eval()
+    x = io['input'].to(device)
+    rows = []
+    for precision, (with_tf32, dtype) in PRECISIONS.items():
+        with torch.no_grad(), tf32(with_tf32), torch.autocast(device.type, dtype=dtype or torch.bfloat16,
+                                                               enabled=dtype is not None):
+            outputs = model(x)
+        for stage, (ours, release) in enumerate(zip(outputs, io['outputs'])):
+            release = release.to(device)
+            rows.append(dict(precision=precision, stage=stage, max_abs_error=(ours.float() - release).abs().max().item(),
+                             relative_error=relative_error(ours, release)))
+    return rows
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--device', default='cuda')
     device = torch.device(parser.parse_args().device)
-    io = torch.load(os.path.join(DATA, 'official_det_io.pth'), weights_only=True)
-    model = MALA(arch=io['arch'])
-    load_backbone_weights(model, os.path.join(DATA, 'official_det_ckpt.pth'))
-    model = model.to(device).eval()
-    x = io['input'].to(device)
-    with torch.no_grad():
-        with exact_fp32():
-            fp32 = model(x)
-        tf32 = model(x)
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            bf16 = model(x)
-    for i, (exact, fast, low, release) in enumerate(zip(fp32, tf32, bf16, io['outputs'])):
-        release = release.to(device)
-        print(f'stage {i}: max abs error vs release, fp32 {(exact - release).abs().max().item():.2e}, '
-              f'with the default TF32 convs {(fast - release).abs().max().item():.2e}; '
-              f'bf16 autocast max abs error / max |output| {relative_error(low, release):.2e}')
+    for row in fixture_errors(device):
+        print(f"{row['precision']}, stage {row['stage']}: max abs error vs release {row['max_abs_error']:.2e}, "
+              f"relative {row['relative_error']:.2e}")
     if device.type != 'cuda':
         return  # the fused kernels checked below are CUDA's
     for head_dims in (32, 48, 64, 80):

@@ -249,11 +249,14 @@ build_mmcv() {
 }
 
 # Installs an mmcv $MMCV_VERSION whose ops fit torch and the machine: a working one stays; else a wheel from
-# MMCV_WHEEL_DIR or the cache; else one built here.
+# MMCV_WHEEL_DIR or the cache; else one built here. $1: "cpu" for the CPU ops alone, also for a CUDA torch with a
+# visible GPU (a build of minutes instead of one of tens of minutes; the offline bundle's --cpu-ops).
 install_mmcv() {
-    local torch_version torch_cuda cuda_archs py_tag cuda_home standard pypi_toolkit ops=cpu
+    local only_cpu="${1:-}" torch_version torch_cuda cuda_archs py_tag cuda_home standard pypi_toolkit ops=cpu
     read -r torch_version torch_cuda cuda_archs py_tag cuda_home standard pypi_toolkit <<< "$(torch_build_facts)"
-    if [[ "$torch_cuda" != cpu ]]; then
+    if [[ "$only_cpu" == cpu ]]; then
+        log "mmcv gets its CPU ops, as asked: the detectors' NMS and RoIAlign then run on CPU tensors only"
+    elif [[ "$torch_cuda" != cpu ]]; then
         if [[ "$cuda_archs" == none ]]; then
             log "torch $torch_version has CUDA $torch_cuda, but no GPU is visible and TORCH_CUDA_ARCH_LIST is" \
                 "unset: mmcv gets its CPU ops, and this environment trains on CPU; for GPU training set" \

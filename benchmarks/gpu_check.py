@@ -1,0 +1,241 @@
+"""One check of a machine, phase by phase, into one results folder: fidelity to the release, the attention
+operator, the backbone against Swin-T, a training step of the dense models, torch.compile, and the mmcv build.
+
+Each phase prints its name and elapsed time and writes <phase>.md and <phase>.json into --out; summary.md and
+summary.json list the phases and their times. --quick runs every phase at small inputs (minutes on a laptop CPU);
+the default sizes are the papers' (1280x800 detection, 512x2048 segmentation), about 10 minutes on one H200.
+
+    python benchmarks/gpu_check.py [--device cuda] [--quick] [--out DIR] [--only PHASE ...] [--skip PHASE ...]
+"""
+import argparse
+import json
+import os
+import time
+from typing import Callable, Dict, List, Tuple
+
+import torch
+
+from attention_op import measure as attention_cost
+from backbone import measure as backbone_speed
+from backbone import swin_tiny
+from common import RESULTS_DIR, device_name, exact_fp32, markdown_table, peak_mib, time_ms, write_results
+from dense_step import build, fake_batch
+from device_check import fixture_errors
+from mala_mm import MALA
+
+# (height, width) of each input, full and --quick (a tenth of detection's sides, a quarter of the dense models';
+# --quick measures the backbone at the detection size alone)
+SIZES = {
+    'full': dict(detection=(800, 1280), segmentation=(512, 2048), mask_rcnn=(800, 1333), upernet=(512, 512)),
+    'quick': dict(detection=(80, 128), mask_rcnn=(200, 333), upernet=(128, 128)),
+}
+AUTOCAST = {'fp32': None, 'bf16': torch.bfloat16, 'fp16': torch.float16}
+# the backbone's autocast dtypes: --quick leaves out fp16, which CPUs without fp16 units emulate (a Swin-T train
+# step at 256x160 took 7 s on 2 cores of a Xeon with AMX, against 0.3 s in bf16)
+BACKBONE_DTYPES = {'full': ('fp32', 'bf16', 'fp16'), 'quick': ('fp32', 'bf16')}
+# MALA-T's attention per stage: (stride, heads) at 64 channels a head
+MALA_T_STAGES = ((4, 1), (8, 2), (16, 4), (32, 8))
+HEAD_DIMS = 64
+# the test suite's bounds on the release fixture: fp32's max abs error (tests/test_backbone.py), the autocast
+# dtypes' relative error as a number of the dtype's epsilons (BACKBONE in tests/test_mixed_precision.py); TF32
+# rounds to fp16's 10-bit mantissa
+FP32_MAX_ABS_ERROR = 1e-4
+EPSILONS = 12
+RELATIVE_BOUNDS = {'tf32': EPSILONS * 2.0**-10, 'bf16 autocast': EPSILONS * torch.finfo(torch.bfloat16).eps,
+                   'fp16 autocast': EPSILONS * torch.finfo(torch.float16).eps}
+CONFIGS = {'Mask R-CNN MALA-T': 'detection/mask_rcnn_mala_t.py', 'UperNet MALA-T': 'segmentation/upernet_mala_t.py'}
+
+Table = Tuple[List[dict], List[str]]  # rows and the columns of their Markdown table
+
+
+def fidelity(args, device) -> Table:
+    """The release fixture in each precision against the release's outputs, with the suite's bound."""
+    rows = fixture_errors(device)
+    for row in rows:
+        if row['precision'] == 'fp32':
+            row['bound'], row['within'] = f'max abs < {FP32_MAX_ABS_ERROR:g}', row['max_abs_error'] < FP32_MAX_ABS_ERROR
+        else:
+            bound = RELATIVE_BOUNDS[row['precision']]
+            row['bound'], row['within'] = f'relative < {bound:.3g}', row['relative_error'] < bound
+    return rows, ['precision', 'stage', 'max_abs_error', 'relative_error', 'bound', 'within']
+
+
+def attention(args, device) -> Table:
+    """MALA's attention against SDPA's softmax attention, forward+backward, at MALA-T's token maps of the
+    detection input: one row per stage and dtype."""
+    height, width = SIZES[args.sizes]['detection']
+    rows = []
+    for dtype_name in ('fp32', 'bf16'):
+        for stride, heads in MALA_T_STAGES:
+            h, w = -(-height // stride), -(-width // stride)
+            row = dict(dtype=dtype_name, tokens=f'{h}x{w}', heads=heads, d=HEAD_DIMS)
+            for kind in ('mala', 'softmax'):
+                row[f'{kind} ms'], row[f'{kind} MiB'] = attention_cost(
+                    kind, h, w, HEAD_DIMS, AUTOCAST[dtype_name] or torch.float32, heads, device, backward=True)
+            row['softmax/mala time'] = row['softmax ms'] / row['mala ms']
+            rows.append(row)
+    return rows, ['dtype', 'tokens', 'heads', 'd', 'mala ms', 'softmax ms', 'softmax/mala time', 'mala MiB',
+                  'softmax MiB']
+
+
+def backbone(args, device) -> Table:
+    """MALA-T against mmdet's Swin-T: images/s and peak MiB, eval and train step, under each autocast dtype."""
+    mala = MALA(arch='tiny').to(device)
+    mala.init_weights()
+    swin = swin_tiny().to(device)
+    rows = []
+    for size_name in (name for name in ('detection', 'segmentation') if name in SIZES[args.sizes]):
+        height, width = SIZES[args.sizes][size_name]
+        for train in (False, True):
+            for dtype_name in BACKBONE_DTYPES[args.sizes]:
+                dtype = AUTOCAST[dtype_name]
+                row = dict(input=f'{width}x{height}', mode='train step' if train else 'eval', dtype=dtype_name)
+                for name, model in (('MALA-T', mala), ('Swin-T', swin)):
+                    row[f'{name} img/s'], row[f'{name} MiB'] = backbone_speed(
+                        model, (height, width), device, train, dtype or torch.float32)
+                row['MALA-T/Swin-T speed'] = row['MALA-T img/s'] / row['Swin-T img/s']
+                rows.append(row)
+    return rows, ['input', 'mode', 'dtype', 'MALA-T img/s', 'Swin-T img/s', 'MALA-T/Swin-T speed', 'MALA-T MiB',
+                  'Swin-T MiB']
+
+
+def optim_wrapper_for(cfg, model, device):
+    """The config's optim wrapper (the paper recipe's AmpOptimWrapper, static loss scale 512) built as the Runner
+    builds it; on CPU, where mmengine refuses AmpOptimWrapper, a plain OptimWrapper of the same optimizer."""
+    from mmengine.optim import build_optim_wrapper
+    wrapper_cfg = dict(cfg.optim_wrapper)
+    if device.type != 'cuda' and wrapper_cfg['type'] == 'AmpOptimWrapper':
+        wrapper_cfg = {k: v for k, v in wrapper_cfg.items() if k != 'loss_scale'}
+        wrapper_cfg['type'] = 'OptimWrapper'
+    return build_optim_wrapper(model, wrapper_cfg)
+
+
+def dense(args, device) -> Table:
+    """One training step of each dense config on 2 images through its optim wrapper: the loss, whether the
+    optimizer step ran (a loss scaler skips it when the scaled gradients overflow), time and peak memory."""
+    import mmcv.ops
+    rows = []
+    for name, config in CONFIGS.items():
+        scope, model = build(config)
+        height, width = SIZES[args.sizes]['mask_rcnn' if scope == 'mmdet' else 'upernet']
+        row = dict(model=name, input=f'2 x {width}x{height}')
+        if scope == 'mmdet' and device.type == 'cuda' and mmcv.ops.get_compiling_cuda_version() == 'not available':
+            row['optim wrapper'] = 'not run: mmcv has CPU ops only (install.sh --cpu-ops), RoIAlign needs CUDA ones'
+            rows.append(row)
+            continue
+        model = model.to(device)
+        batch = fake_batch(scope, (height, width), device)
+        if len(batch['inputs']) == 1:  # the detector's one image, twice
+            batch = {key: value * 2 for key, value in batch.items()}
+        wrapper = optim_wrapper_for(model.cfg, model, device)
+        ran, calls = [], []
+        wrapper.optimizer.register_step_post_hook(lambda *_: ran.append(True))
+
+        def train_step():
+            calls.append(True)
+            model.train()
+            with wrapper.optim_context(model):
+                losses = model(**model.data_preprocessor(batch, True), mode='loss')
+            loss, _ = model.parse_losses(losses)
+            wrapper.update_params(loss)
+            return loss
+
+        scaler = getattr(wrapper, 'loss_scaler', None)
+        row['optim wrapper'] = type(wrapper).__name__ + ('' if scaler is not None else
+                                                         f" (the config's {model.cfg.optim_wrapper['type']} needs CUDA)")
+        row['loss scale'] = scaler.get_scale() if scaler is not None else None
+        row['first loss'] = train_step().item()
+        row['first step skipped'] = not ran
+        row['train step ms'] = time_ms(train_step, device, warmup=1, repeats=3)
+        row['train MiB'] = peak_mib(train_step, device)
+        row['steps skipped'] = f'{len(calls) - len(ran)} of {len(calls)}'
+        rows.append(row)
+    return rows, ['model', 'input', 'optim wrapper', 'loss scale', 'first loss', 'first step skipped',
+                  'steps skipped', 'train step ms', 'train MiB']
+
+
+def compiled(args, device) -> Table:
+    """torch.compile(MALA-T, dynamic=True) against eager: the first call's time (the compilation), the time of a
+    step, and the largest difference of the outputs (fp32, TF32 off), in eval, and in a train step except with
+    --quick (its compilation takes minutes on a CPU)."""
+    height, width = SIZES[args.sizes]['detection']
+    model = MALA(arch='tiny', drop_path_rate=0.0).to(device)  # no random drop: eager and compiled see one function
+    model.init_weights()
+    fast = torch.compile(model, dynamic=True)
+    x = torch.randn(1, 3, height, width, device=device)
+    rows = []
+    for train in (False, True)[:1 if args.sizes == 'quick' else 2]:
+        model.train(train)
+
+        def run(m):
+            with torch.set_grad_enabled(train):
+                outputs = m(x)
+                if train:
+                    model.zero_grad()
+                    sum(out.mean() for out in outputs).backward()
+            return [out.detach() for out in outputs]
+
+        row = dict(mode='train step' if train else 'eval', input=f'{width}x{height}')
+        rows.append(row)
+        with exact_fp32():
+            started = time.perf_counter()
+            try:
+                ours = run(fast)
+            except Exception as err:  # a compiler failure is this phase's finding, not the end of the check
+                row['error'] = f'{type(err).__name__}: {str(err).strip().splitlines()[0]}'
+                continue
+            row['compile_s'] = time.perf_counter() - started
+            eager = run(model)
+            row['max_abs_difference'] = max((a - b).abs().max().item() for a, b in zip(ours, eager))
+            row['eager_ms'], row['compiled_ms'] = time_ms(lambda: run(model), device), time_ms(lambda: run(fast), device)
+        row['speed-up'] = row['eager_ms'] / row['compiled_ms']
+    return rows, ['mode', 'input', 'compile_s', 'eager_ms', 'compiled_ms', 'speed-up', 'max_abs_difference', 'error']
+
+
+def install(args, device) -> Table:
+    """The bundle's install, as its install.sh recorded it: where mmcv came from and the seconds it took."""
+    if not args.install_record:
+        return [dict(note='not run through the bundle (bash BUNDLE/install.sh --check records the mmcv build)')], \
+            ['note']
+    with open(args.install_record) as f:
+        row = json.load(f)
+    return [row], list(row)
+
+
+PHASES: Dict[str, Callable[..., Table]] = dict(install=install, fidelity=fidelity, attention=attention,
+                                               backbone=backbone, dense=dense, compile=compiled)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    parser.add_argument('--quick', dest='sizes', action='store_const', const='quick', default='full',
+                        help=f"small inputs: {SIZES['quick']}")
+    parser.add_argument('--out', help='the results folder (default: benchmarks/results/<device>/gpu_check)')
+    parser.add_argument('--only', nargs='+', choices=list(PHASES), help='run these phases alone')
+    parser.add_argument('--skip', nargs='+', choices=list(PHASES), default=[], help='leave these phases out')
+    parser.add_argument('--install-record', help="the JSON file the bundle's install.sh wrote")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    out = args.out or os.path.join(RESULTS_DIR, device.type, 'gpu_check')
+    os.makedirs(out, exist_ok=True)
+    phases = [name for name in (args.only or PHASES) if name not in args.skip]
+    print(f'[gpu_check] {device_name(device)}, torch {torch.__version__}, {args.sizes} sizes, phases: '
+          f'{" ".join(phases)}; results in {out}', flush=True)
+    summary = []
+    for name in phases:
+        print(f'[gpu_check] {name} ...', flush=True)
+        started = time.perf_counter()
+        rows, columns = PHASES[name](args, device)
+        seconds = time.perf_counter() - started
+        table = markdown_table(rows, columns)
+        write_results(name, device, rows, table, folder=out)
+        print(f'{table}\n[gpu_check] {name}: {seconds:.1f} s', flush=True)
+        summary.append(dict(phase=name, seconds=seconds))
+    write_results('summary', device, [dict(sizes=args.sizes), *summary],
+                  f'{args.sizes} sizes\n\n' + markdown_table(summary, ['phase', 'seconds']), folder=out)
+    print(f'[gpu_check] done: {sum(row["seconds"] for row in summary):.1f} s, written to {out}')
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,34 @@
+"""Make an offline bundle: what the stack needs beyond torch, for a machine with no package index.
+
+Run where PyPI is reachable, in the tested environment (.venv after tools/setup_env.sh), whose versions the
+bundle pins. On the offline machine, in an environment that has torch: ``bash BUNDLE/install.sh``
+(docs/offline_gpu_check.md).
+
+Examples:
+    python tools/make_bundle.py --python 3.12 --out mala_mm_bundle_cp312
+    python tools/make_bundle.py --python 3.12 --out mala_mm_bundle_cp312 --leave-out numpy scipy opencv-python
+"""
+import argparse
+
+from mala_mm.cli import tool_main
+from mala_mm.cli.bundle import DEFAULT_PLATFORMS, folder_mib, make_bundle
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--python', required=True, help="the offline machine's Python, major.minor (e.g. 3.12)")
+    parser.add_argument('--out', required=True, help='a new or empty folder')
+    parser.add_argument('--platform', nargs='+', default=list(DEFAULT_PLATFORMS),
+                        help="pip's platform tags of the offline machine (default: manylinux x86_64)")
+    parser.add_argument('--leave-out', nargs='+', default=[], metavar='PACKAGE',
+                        help='packages the offline environment already has (e.g. numpy scipy opencv-python); '
+                             'the install stops, naming them, where it lacks one')
+    args = parser.parse_args()
+    manifest = make_bundle(args.out, args.python, args.platform, args.leave_out)
+    left_out = ', '.join(manifest['left_out']) or 'nothing'
+    print(f"{args.out}: {len(manifest['bundled'])} packages, mmcv {manifest['mmcv']}'s source and mala_mm for "
+          f"Python {args.python}, {folder_mib(args.out):.1f} MiB; left out: {left_out}")
+
+
+if __name__ == '__main__':
+    tool_main(main)
