@@ -30,6 +30,12 @@ SIZES = {
     'quick': dict(detection=(80, 128), mask_rcnn=(200, 333), upernet=(128, 128)),
 }
 AUTOCAST = {'fp32': None, 'bf16': torch.bfloat16, 'fp16': torch.float16}
+# timed repeats of a dense training step and of the compile phase's steps, after one untimed step
+REPEATS = {'full': 3, 'quick': 1}
+# the compiled backbone: MALA-T; --quick compiles a narrow arch with one block a stage (both attention kinds
+# still), as inductor takes minutes for MALA-T's 12 blocks on a CPU
+COMPILED_ARCH = {'full': 'tiny', 'quick': dict(embed_dims=[32, 64, 96, 128], depths=[1, 1, 1, 1],
+                                               num_heads=[1, 2, 3, 4])}
 # the backbone's autocast dtypes: --quick leaves out fp16, which CPUs without fp16 units emulate (a Swin-T train
 # step at 256x160 took 7 s on 2 cores of a Xeon with AMX, against 0.3 s in bf16)
 BACKBONE_DTYPES = {'full': ('fp32', 'bf16', 'fp16'), 'quick': ('fp32', 'bf16')}
@@ -124,6 +130,8 @@ def dense(args, device) -> Table:
             rows.append(row)
             continue
         model = model.to(device)
+        if scope == 'mmseg':  # its preprocessor pads every image to the config's 512x512 crop: to this size instead
+            model.data_preprocessor.size = (height, width)
         batch = fake_batch(scope, (height, width), device)
         if len(batch['inputs']) == 1:  # the detector's one image, twice
             batch = {key: value * 2 for key, value in batch.items()}
@@ -141,12 +149,13 @@ def dense(args, device) -> Table:
             return loss
 
         scaler = getattr(wrapper, 'loss_scaler', None)
-        row['optim wrapper'] = type(wrapper).__name__ + ('' if scaler is not None else
-                                                         f" (the config's {model.cfg.optim_wrapper['type']} needs CUDA)")
+        row['optim wrapper'] = type(wrapper).__name__
+        if model.cfg.optim_wrapper['type'] != row['optim wrapper']:
+            row['optim wrapper'] += f" (the config's {model.cfg.optim_wrapper['type']} needs CUDA)"
         row['loss scale'] = scaler.get_scale() if scaler is not None else None
         row['first loss'] = train_step().item()
         row['first step skipped'] = not ran
-        row['train step ms'] = time_ms(train_step, device, warmup=1, repeats=3)
+        row['train step ms'] = time_ms(train_step, device, warmup=0, repeats=REPEATS[args.sizes])
         row['train MiB'] = peak_mib(train_step, device)
         row['steps skipped'] = f'{len(calls) - len(ran)} of {len(calls)}'
         rows.append(row)
@@ -155,11 +164,12 @@ def dense(args, device) -> Table:
 
 
 def compiled(args, device) -> Table:
-    """torch.compile(MALA-T, dynamic=True) against eager: the first call's time (the compilation), the time of a
-    step, and the largest difference of the outputs (fp32, TF32 off), in eval, and in a train step except with
-    --quick (its compilation takes minutes on a CPU)."""
+    """torch.compile(backbone, dynamic=True) against eager, for COMPILED_ARCH: the first call's time (the
+    compilation), the time of a step, and the largest difference of the outputs (fp32, TF32 off), in eval, and in
+    a train step except with --quick (its compilation takes minutes on a CPU)."""
     height, width = SIZES[args.sizes]['detection']
-    model = MALA(arch='tiny', drop_path_rate=0.0).to(device)  # no random drop: eager and compiled see one function
+    arch = COMPILED_ARCH[args.sizes]
+    model = MALA(arch=arch, drop_path_rate=0.0).to(device)  # no random drop: eager and compiled see one function
     model.init_weights()
     fast = torch.compile(model, dynamic=True)
     x = torch.randn(1, 3, height, width, device=device)
@@ -175,7 +185,7 @@ def compiled(args, device) -> Table:
                     sum(out.mean() for out in outputs).backward()
             return [out.detach() for out in outputs]
 
-        row = dict(mode='train step' if train else 'eval', input=f'{width}x{height}')
+        row = dict(arch=str(arch), mode='train step' if train else 'eval', input=f'{width}x{height}')
         rows.append(row)
         with exact_fp32():
             started = time.perf_counter()
@@ -187,9 +197,11 @@ def compiled(args, device) -> Table:
             row['compile_s'] = time.perf_counter() - started
             eager = run(model)
             row['max_abs_difference'] = max((a - b).abs().max().item() for a, b in zip(ours, eager))
-            row['eager_ms'], row['compiled_ms'] = time_ms(lambda: run(model), device), time_ms(lambda: run(fast), device)
+            row['eager_ms'], row['compiled_ms'] = (
+                time_ms(lambda: run(m), device, warmup=0, repeats=REPEATS[args.sizes]) for m in (model, fast))
         row['speed-up'] = row['eager_ms'] / row['compiled_ms']
-    return rows, ['mode', 'input', 'compile_s', 'eager_ms', 'compiled_ms', 'speed-up', 'max_abs_difference', 'error']
+    return rows, ['arch', 'mode', 'input', 'compile_s', 'eager_ms', 'compiled_ms', 'speed-up', 'max_abs_difference',
+                  'error']
 
 
 def install(args, device) -> Table:
