@@ -27,6 +27,7 @@ from mala_mm.models.layers import attention as attention_module
 PREFIX = 'part: '
 OUTSIDE = 'loss and autograd bookkeeping'
 GRADIENT_ACCUMULATION = 'gradient accumulation (AccumulateGrad)'
+BACKWARD_NODE = 'autograd::engine::evaluate_function'
 
 
 def part_of(module: nn.Module, parent: Optional[nn.Module], name: str) -> Optional[str]:
@@ -96,48 +97,43 @@ def labelled_parts(model: MALA) -> Iterator[None]:
             module.__dict__.pop('attend', None)
 
 
-def forward_part(event) -> str:
-    """The innermost part label among the event's ancestors (itself included)."""
-    while event is not None:
-        if event.name.startswith(PREFIX):
-            return event.name[len(PREFIX):]
+def ancestor(event, prefix: str):
+    """The event itself or the innermost event around it whose name begins with ``prefix``; None if there is none."""
+    while event is not None and not event.name.startswith(prefix):
         event = event.cpu_parent
-    return OUTSIDE
+    return event
+
+
+def forward_part(event) -> str:
+    """The part of the innermost label around the event (itself included)."""
+    label = ancestor(event, PREFIX)
+    return OUTSIDE if label is None else label.name[len(PREFIX):]
 
 
 def charge(events) -> Dict[str, Dict[str, float]]:
     """{part: {'forward ms', 'backward ms', 'layout copies ms'}} from the profiler's events of one step."""
-    parts: Dict[str, Dict[str, float]] = collections.defaultdict(lambda: collections.defaultdict(float))
+    events = sorted(events, key=lambda e: e.time_range.start)
+    # the autograd node evaluation each event runs in, or None for a forward operator
+    nodes = [ancestor(event, BACKWARD_NODE) for event in events]
     # A forward operator's event carries the sequence number the next autograd node will get; the last one to
     # carry it before the next number is the operator that made the node (a no-op ``aten::to`` before it does not).
-    sequence_part = {}
-    for event in sorted(events, key=lambda e: e.time_range.start):
-        if event.sequence_nr >= 0 and backward_node(event) is None:
-            sequence_part[event.sequence_nr] = forward_part(event)
-    for event in events:
+    sequence_part = {event.sequence_nr: forward_part(event)
+                     for event, node in zip(events, nodes) if event.sequence_nr >= 0 and node is None}
+    parts: Dict[str, Dict[str, float]] = collections.defaultdict(lambda: collections.defaultdict(float))
+    for event, node in zip(events, nodes):
         if event.name.startswith(PREFIX):
             continue
-        backward = backward_node(event)
-        if backward is None:
+        if node is None:
             part, phase = forward_part(event), 'forward ms'
-        elif 'AccumulateGrad' in backward.name:
+        elif 'AccumulateGrad' in node.name:
             part, phase = GRADIENT_ACCUMULATION, 'backward ms'
         else:
-            part, phase = sequence_part.get(backward.sequence_nr, OUTSIDE), 'backward ms'
+            part, phase = sequence_part.get(node.sequence_nr, OUTSIDE), 'backward ms'
         self_ms = event.self_cpu_time_total / 1e3
         parts[part][phase] += self_ms
         if event.name == 'aten::copy_':
             parts[part]['layout copies ms'] += self_ms
     return parts
-
-
-def backward_node(event):
-    """The autograd node evaluation (``autograd::engine::evaluate_function: ...``) the event runs in, or None."""
-    while event is not None:
-        if event.name.startswith('autograd::engine::evaluate_function'):
-            return event
-        event = event.cpu_parent
-    return None
 
 
 def profile(model: nn.Module, x: torch.Tensor, train: bool, steps: int):
@@ -147,7 +143,7 @@ def profile(model: nn.Module, x: torch.Tensor, train: bool, steps: int):
         else:
             with torch.no_grad():
                 model(x)
-    step()  # warm-up: caches, allocator, compiled code
+    step()  # warm-up: the RoPE tables' cache, the allocator
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             step()
