@@ -11,6 +11,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...checkpoint import load_backbone_weights
 from ..layers import ATTENTION_KINDS, ConvStem, LayerNorm2d, MALAStage, rope_head_dims
+from ..layers.torch_compat import is_compiling
 
 
 def channels_last_strides(weight: Tensor) -> Tensor:
@@ -50,6 +51,10 @@ class MALA(BaseModule):
         norm_eval: keep every BatchNorm (SyncBN included) in eval mode while training.
         norm_cfg: norm of the stem and downsamples, e.g. dict(type='BN') or dict(type='SyncBN').
         with_cp: activation checkpointing in every block.
+        compile: run the stem and stages through ``torch.compile`` with ``fullgraph=True, dynamic=True``: one
+            graph for training and one for eval, whatever the input size. True, or a dict of further
+            ``torch.compile`` arguments (``mode``, ``backend``, ``options``; it may also override ``dynamic``).
+            Parameters and state dict are unchanged; tracing and export see the plain forward.
         init_cfg: dict(type='Pretrained', checkpoint=PATH_OR_URL) loads a released classification checkpoint,
             an mmdet/mmseg checkpoint holding ``backbone.*`` or a plain backbone state dict; an optional
             ``prefix`` picks the sub-dict. Without it, weights are initialised as released (truncated normal).
@@ -78,6 +83,7 @@ class MALA(BaseModule):
                  norm_eval: bool = False,
                  norm_cfg: dict = dict(type='BN', requires_grad=True),
                  with_cp: bool = False,
+                 compile: Union[bool, dict] = False,
                  init_cfg: Optional[dict] = None):
         if init_cfg is not None and (not isinstance(init_cfg, dict) or init_cfg.get('type') != 'Pretrained'
                                      or not init_cfg.get('checkpoint')):
@@ -137,6 +143,19 @@ class MALA(BaseModule):
             if isinstance(module, nn.Conv2d):
                 module.weight = nn.Parameter(channels_last_strides(module.weight.detach()))
         self._freeze_stages()
+        self._compiled_features = self._compile_features(compile)
+
+    @staticmethod
+    def _compile_features(compile: Union[bool, dict]):
+        """``MALA._features`` compiled as ``compile`` asks, or None. The function is compiled unbound and called with
+        the module, so that a deep copy of the module (an EMA model) runs its own parameters through it."""
+        if compile is False:
+            return None
+        if compile is not True and not isinstance(compile, dict):
+            raise MALAConfigError(f'MALA: compile must be a bool or a dict of torch.compile arguments, '
+                                  f'got {compile!r}')
+        options = dict(fullgraph=True, dynamic=True, **({} if compile is True else compile))
+        return torch.compile(MALA._features, **options)
 
     @classmethod
     def _resolve_arch(cls, arch: Union[str, dict]) -> dict:
@@ -186,6 +205,11 @@ class MALA(BaseModule):
             raise ValueError(f'MALA expects a (B, {self.in_channels}, H, W) batch, got shape {tuple(x.shape)}')
         if x.shape[-1] == 0 or x.shape[-2] == 0:
             raise ValueError(f'MALA got an empty image batch of shape {tuple(x.shape)}; H and W must be >= 1')
+        if self._compiled_features is not None and not (torch.jit.is_tracing() or is_compiling()):
+            return self._compiled_features(self, x)
+        return self._features(x)
+
+    def _features(self, x: Tensor) -> tuple:
         # channels-last throughout: depth-wise convs run about 3x faster on it than on NCHW, and elementwise ops
         # between maps of one layout several times faster than across layouts
         x = self.patch_embed(x.contiguous(memory_format=torch.channels_last))

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .conv import Conv2d
 from .rope import RotaryTables, apply_rope, rope_head_dims
 from .torch_compat import autocast_dtype, autocast_enabled
 
@@ -44,7 +45,10 @@ def mala_attention(q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables]
     out_dtype, matmul_dtype = v.dtype, _matmul_dtype(v)
     with torch.autocast(q.device.type, enabled=False):
         q, k, v = (t.to(torch.promote_types(t.dtype, torch.float32)) for t in (q, k, v))
-        phi_q, phi_k = F.elu(q) + 1, F.elu(k) + 1
+        # q and k made dense (a copy only where a stage has several heads): for a strided input, the strides torch
+        # assumes for elu's gradient while compiling differ from those its kernel gives, and the compiled backward
+        # then fails on a view
+        phi_q, phi_k = F.elu(q.contiguous()) + 1, F.elu(k.contiguous()) + 1
         z = s * (phi_q @ phi_k.mean(-2, keepdim=True).transpose(-2, -1))
         beta = 1 + 1 / (z + eps)
         if rope is not None:
@@ -102,7 +106,7 @@ def softmax_attention(q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTabl
     return F.scaled_dot_product_attention(q, k, v)
 
 
-class QKVOProjection(nn.Conv2d):
+class QKVOProjection(Conv2d):
     """The 1x1 conv from (B, C, H, W) to the queries, keys, values and output gate, four (B, C, H, W) maps.
 
     One conv of 4C output channels (as released), computed as four convs over views of its weight: each map then
@@ -134,8 +138,8 @@ class GatedAttention(nn.Module):
         rope_head_dims(embed_dims, num_heads, f'{type(self).__name__}: ')
         self.num_heads = num_heads
         self.qkvo = QKVOProjection(embed_dims)
-        self.lepe = nn.Conv2d(embed_dims, embed_dims, 5, padding=2, groups=embed_dims)
-        self.proj = nn.Conv2d(embed_dims, embed_dims, 1)
+        self.lepe = Conv2d(embed_dims, embed_dims, 5, padding=2, groups=embed_dims)
+        self.proj = Conv2d(embed_dims, embed_dims, 1)
 
     @staticmethod
     def attend(q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables]) -> Tensor:

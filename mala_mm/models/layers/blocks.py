@@ -12,7 +12,8 @@ from torch import Tensor, nn
 
 from .attention import MALAttention, SoftmaxAttention
 from .rope import RoPE2d, RotaryTables
-from .torch_compat import autocast_enabled
+from .conv import Conv2d
+from .torch_compat import autocast_enabled, compiling_to_run
 
 ATTENTION_KINDS = {'mala': MALAttention, 'softmax': SoftmaxAttention}
 
@@ -25,6 +26,15 @@ class LayerNorm2d(nn.Module):
         self.norm = nn.LayerNorm(channels, eps=eps)
 
     def forward(self, x: Tensor) -> Tensor:
+        if compiling_to_run():
+            # the same normalisation written over dim 1, for the compiler to fuse: the permuted view below, saved
+            # for backward, is a graph output whose symbolic strides inductor cannot order under dynamic sizes
+            mean = x.mean(1, keepdim=True)
+            centred = x - mean
+            variance = centred.square().mean(1, keepdim=True)
+            scale = self.norm.weight[:, None, None] * torch.rsqrt(variance + self.norm.eps)
+            return torch.addcmul(self.norm.bias[:, None, None], centred, scale)
+        # on a channels-last map the permutes are free and layer_norm runs as one fused kernel
         return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
 
 
@@ -40,7 +50,7 @@ class ConvStem(nn.Module):
         layers = []
         for i, (c_in, c_out, stride) in enumerate(
                 [(in_channels, mid, 2), (mid, mid, 1), (mid, mid, 1), (mid, embed_dims, 2)]):
-            layers += [nn.Conv2d(c_in, c_out, 3, stride, 1), build_norm_layer(norm_cfg, c_out)[1]]
+            layers += [Conv2d(c_in, c_out, 3, stride, 1), build_norm_layer(norm_cfg, c_out)[1]]
             if i < 3:
                 layers.append(nn.GELU())
         self.proj = nn.Sequential(*layers)
@@ -54,14 +64,14 @@ class ConvDownsample(nn.Module):
 
     def __init__(self, in_channels: int, out_channels: int, norm_cfg: dict):
         super().__init__()
-        self.reduction = nn.Conv2d(in_channels, out_channels, 3, 2, 1)
+        self.reduction = Conv2d(in_channels, out_channels, 3, 2, 1)
         self.norm = build_norm_layer(norm_cfg, out_channels)[1]
 
     def forward(self, x: Tensor) -> Tensor:
         return self.norm(self.reduction(x))
 
 
-class ResidualDWConv(nn.Conv2d):
+class ResidualDWConv(Conv2d):
     """``x + DWConv(x)``, a depth-wise conv (size-preserving, odd kernel) with its input added back.
 
     Computed as one conv whose kernel has 1 added at its centre: one pass over the map instead of a conv and an
@@ -87,10 +97,10 @@ class ConvFFN(nn.Module):
 
     def __init__(self, embed_dims: int, hidden_dims: int):
         super().__init__()
-        self.fc1 = nn.Conv2d(embed_dims, hidden_dims, 1)
+        self.fc1 = Conv2d(embed_dims, hidden_dims, 1)
         self.act = nn.GELU()
         self.dwconv = ResidualDWConv(hidden_dims, 3)
-        self.fc2 = nn.Conv2d(hidden_dims, embed_dims, 1)
+        self.fc2 = Conv2d(hidden_dims, embed_dims, 1)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.fc2(self.dwconv(self.act(self.fc1(x))))

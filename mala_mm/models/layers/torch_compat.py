@@ -1,8 +1,10 @@
 """The torch queries the layers make, on every torch this package supports: 2.4 gave autocast's queries a device
-argument and 2.3 named ``torch.compiler.is_compiling``; torch 2.1 has them per device and under torch._dynamo."""
+argument and custom operators (``torch.library.custom_op``), 2.3 named ``torch.compiler.is_compiling``; torch 2.1
+has the queries per device and under torch._dynamo."""
 import torch
 
 _NEW_AUTOCAST_API = hasattr(torch, 'get_autocast_dtype')
+HAS_CUSTOM_OPS = hasattr(torch.library, 'custom_op')
 
 
 def autocast_enabled(device_type: str) -> bool:
@@ -26,3 +28,8 @@ def is_compiling() -> bool:
     if hasattr(torch.compiler, 'is_compiling'):
         return torch.compiler.is_compiling()
     return torch._dynamo.is_compiling()
+
+
+def compiling_to_run() -> bool:
+    """Whether torch.compile is tracing the code that asks to run it here, not torch.export to export it."""
+    return is_compiling() and not (hasattr(torch.compiler, 'is_exporting') and torch.compiler.is_exporting())

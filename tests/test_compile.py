@@ -1,0 +1,83 @@
+"""The compiled backbone, ``MALA(compile=...)``: one graph without breaks, equal to eager, across training sizes."""
+import pytest
+import torch
+from torch._dynamo.testing import CompileCounterWithBackend
+
+from mala_mm import MALA
+from mala_mm.models import MALAConfigError
+
+# the released layout of heads (1, 2, 4, 4 of width 16) at a width that compiles and runs in seconds
+NARROW = dict(embed_dims=[16, 32, 64, 64], depths=[1, 1, 1, 1], num_heads=[1, 2, 4, 4])
+# padded batch sizes of the 3x recipe's multi-scale training (short side 480..800 in steps of 32, long side <= 1333,
+# or a 384..600 crop resized so; padded to multiples of 32)
+RECIPE_SIZES = [(480, 736), (800, 1344), (576, 864), (704, 1056), (512, 512), (640, 1152)]
+# inductor's C++ reductions switch to a chunked accumulator above 4096 summed floats and guard on that; within the
+# recipe's sizes two sums cross it (stage 1's token means at 512x512, stage 2's batch-token sums at batch 2), so a
+# CPU holds up to one training graph per combination of sides, and eval (no batch sums) up to two
+CPU_TRAIN_GRAPHS, CPU_EVAL_GRAPHS = 4, 2
+FP32_BOUND = 1e-4
+
+
+def narrow_pair(**kwargs):
+    """An eager and a compiled model with the same weights."""
+    torch.manual_seed(0)
+    eager = MALA(arch=NARROW, drop_path_rate=0.0)
+    eager.init_weights()
+    compiled = MALA(arch=NARROW, drop_path_rate=0.0, **kwargs)
+    compiled.load_state_dict(eager.state_dict())
+    return eager, compiled
+
+
+def relative_error(ours, expected) -> float:
+    """The largest difference over the tensors relative to their largest magnitude (a gradient that is zero in
+    exact arithmetic, such as a conv bias before BatchNorm, has no scale of its own): fp32's reassociation in fused
+    reductions moves single elements by about 1e-5 of a unit-scale map."""
+    difference = max((a - b).abs().max() for a, b in zip(ours, expected))
+    return (difference / max(b.abs().max() for b in expected)).item()
+
+
+def loss_and_grads(model, x):
+    outputs = model(x)
+    loss = sum((out * torch.linspace(-1, 1, out.shape[1])[:, None, None]).square().mean() for out in outputs)
+    grads = torch.autograd.grad(loss, [p for p in model.parameters()])
+    return [out.detach() for out in outputs], grads
+
+
+@pytest.mark.slow
+def test_compiled_backbone_trains_and_evaluates_as_eager_without_recompiles():
+    counter = CompileCounterWithBackend('inductor')
+    eager, compiled = narrow_pair(compile=dict(backend=counter))
+    generator = torch.Generator().manual_seed(1)
+    errors = []
+    for height, width in RECIPE_SIZES:
+        x = torch.randn(2, 3, height, width, generator=generator)
+        outputs, grads = loss_and_grads(compiled.train(), x)
+        expected_outputs, expected_grads = loss_and_grads(eager.train(), x)
+        errors += [relative_error(outputs, expected_outputs), relative_error(grads, expected_grads)]
+    train_graphs = counter.frame_count
+    with torch.no_grad():
+        for height, width in RECIPE_SIZES:
+            x = torch.randn(2, 3, height, width, generator=generator)
+            errors.append(relative_error(compiled.eval()(x), eager.eval()(x)))
+    eval_graphs = counter.frame_count - train_graphs
+    print(f'graphs: {train_graphs} for training, {eval_graphs} for eval; relative errors by size {errors}')
+    assert 1 <= train_graphs <= CPU_TRAIN_GRAPHS and 1 <= eval_graphs <= CPU_EVAL_GRAPHS
+    assert max(errors) < FP32_BOUND
+
+
+def test_compile_argument_is_checked():
+    with pytest.raises(MALAConfigError, match='compile must be a bool or a dict'):
+        MALA(arch=NARROW, compile='yes')
+
+
+def test_tracing_for_export_sees_the_plain_model():
+    """A model built with compile=True traces (TorchScript, as ONNX's older exporter does) to ATen convolutions,
+    not to the compiled graph's custom operator, and to the eager model's outputs."""
+    eager, compiled = narrow_pair(compile=True)
+    x = torch.randn(1, 3, 64, 96)
+    with torch.no_grad():
+        traced = torch.jit.trace(compiled.eval(), x)
+        assert 'mala_mm::' not in str(traced.inlined_graph)
+        for ours, expected in zip(traced(x), eager.eval()(x)):
+            torch.testing.assert_close(ours, expected)
+
