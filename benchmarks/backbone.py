@@ -4,8 +4,8 @@ Compares this implementation with the explicit reference of the spec (same weigh
 MALA in the release's linear order, softmax through its N x N matrix, RoPE tables rebuilt in every block, NCHW;
 tests/test_reference.py checks it against the release's outputs) and with mmdet's Swin-T, in eval and in a train
 step (forward + backward), and measures how the cost grows with the number of pixels when every stage uses MALA.
-With --compile it also measures ``MALA(compile=True)`` (one compiled graph for eval and one for training, at
-both sizes) against the eager model in the same run. Writes results/<device>/backbone.{md,json} and
+With --compile it also measures ``MALA(compile=True)`` against the eager model in the same run (its first call
+in each mode compiles, in the untimed warm-up). Writes results/<device>/backbone.{md,json} and
 backbone_scaling.png.
 
     python benchmarks/backbone.py [--device cuda] [--variants tiny small base large] [--compile]
@@ -66,7 +66,7 @@ def compare(args, device, dtype):
             for train in (False, True):
                 row = dict(variant=variant, input=size_name, mode='train step' if train else 'eval')
                 row['ours img/s'], row['ours MiB'] = measure(ours, size, device, train, dtype)
-                if args.compile:  # the first call at the first size compiles (untimed warm-up)
+                if args.compile:
                     row['compiled img/s'], row['compiled MiB'] = measure(compiled, size, device, train, dtype)
                     row['compiled/eager'] = row['compiled img/s'] / row['ours img/s']
                 row['baseline img/s'], row['baseline MiB'] = measure(baseline, size, device, train, dtype)

@@ -44,7 +44,7 @@ def loss_and_grads(model, x):
 
 
 @pytest.mark.slow
-def test_compiled_backbone_trains_and_evaluates_as_eager_without_recompiles():
+def test_compiled_backbone_trains_and_evaluates_as_eager_across_the_recipe_sizes():
     counter = CompileCounterWithBackend('inductor')
     eager, compiled = narrow_pair(compile=dict(backend=counter))
     generator = torch.Generator().manual_seed(1)

@@ -11,7 +11,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...checkpoint import load_backbone_weights
 from ..layers import ATTENTION_KINDS, ConvStem, LayerNorm2d, MALAStage, rope_head_dims
-from ..layers.torch_compat import is_compiling
+from ..layers.torch_compat import HAS_CUSTOM_OPS, is_compiling
 
 
 def channels_last_strides(weight: Tensor) -> Tensor:
@@ -51,8 +51,9 @@ class MALA(BaseModule):
         norm_eval: keep every BatchNorm (SyncBN included) in eval mode while training.
         norm_cfg: norm of the stem and downsamples, e.g. dict(type='BN') or dict(type='SyncBN').
         with_cp: activation checkpointing in every block.
-        compile: run the stem and stages through ``torch.compile`` with ``fullgraph=True, dynamic=True``: one
-            graph for training and one for eval, whatever the input size. True, or a dict of further
+        compile: run the stem and stages through ``torch.compile`` with ``fullgraph=True, dynamic=True`` (torch
+            >= 2.4): one graph for training and one for eval across input sizes, except that inductor's CPU code
+            adds one where a sum over tokens crosses 4096 elements (docs/benchmarks.md). True, or a dict of further
             ``torch.compile`` arguments (``mode``, ``backend``, ``options``; it may also override ``dynamic``).
             Parameters and state dict are unchanged; tracing and export see the plain forward.
         init_cfg: dict(type='Pretrained', checkpoint=PATH_OR_URL) loads a released classification checkpoint,
@@ -151,6 +152,9 @@ class MALA(BaseModule):
         the module, so that a deep copy of the module (an EMA model) runs its own parameters through it."""
         if compile is False:
             return None
+        if not HAS_CUSTOM_OPS:
+            raise MALAConfigError(f'MALA: compile needs torch >= 2.4 (its custom operators), this is '
+                                  f'{torch.__version__}')
         if compile is not True and not isinstance(compile, dict):
             raise MALAConfigError(f'MALA: compile must be a bool or a dict of torch.compile arguments, '
                                   f'got {compile!r}')

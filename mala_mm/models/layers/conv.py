@@ -35,7 +35,8 @@ def _gradients_like(grads, x: Tensor, weight: Tensor, output_mask: List[bool]) -
     """The gradients of x, weight and bias with the strides of what each is the gradient of; one that
     ``output_mask`` leaves out is an empty tensor."""
     like = (x, weight, weight.new_empty(weight.shape[0]))
-    return tuple(_strided_like(g, ref) if needed else x.new_empty(0) for g, ref, needed in zip(grads, like, output_mask))
+    return tuple(_strided_like(g, ref) if needed else x.new_empty(0)
+                 for g, ref, needed in zip(grads, like, output_mask))
 
 
 def _save_for_gradient(ctx, inputs, output):
