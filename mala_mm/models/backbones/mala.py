@@ -11,16 +11,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...checkpoint import load_backbone_weights
 from ..layers import ATTENTION_KINDS, ConvStem, LayerNorm2d, MALAStage, rope_head_dims
+from ..layers.conv import channels_last_strides
 from ..layers.torch_compat import HAS_CUSTOM_OPS, is_compiling
-
-
-def channels_last_strides(weight: Tensor) -> Tensor:
-    """A copy of the (O, I, kH, kW) ``weight`` with the strides of a channels-last tensor, size-1 dimensions
-    included: ``contiguous(memory_format=torch.channels_last)`` leaves a (C, 1, 3, 3) depth-wise kernel or a
-    (O, I, 1, 1) kernel as it is, since it counts as channels-last already, yet its gradient's strides differ."""
-    _, in_channels, height, width = weight.shape
-    strides = (height * width * in_channels, 1, width * in_channels, in_channels)
-    return torch.empty_strided(weight.shape, strides, dtype=weight.dtype, device=weight.device).copy_(weight)
 
 
 class MALAConfigError(ValueError):

@@ -16,9 +16,11 @@ from torch import Tensor, nn
 from .torch_compat import HAS_CUSTOM_OPS, autocast_dtype, autocast_enabled, compiling_to_run
 
 
-def _canonical_channels_last(t: Tensor) -> Tensor:
-    """t itself where it has the channels-last strides of its shape, else such a copy: the real and the fake
-    (compile-time) results of each operator below must have the very same strides."""
+def channels_last_strides(t: Tensor) -> Tensor:
+    """t itself where it has the channels-last strides of its (N, C, H, W) shape, size-1 dimensions included, else
+    such a copy. ``contiguous(memory_format=torch.channels_last)`` would leave a (C, 1, 3, 3) depth-wise kernel or an
+    (O, I, 1, 1) kernel as it is, since it counts as channels-last already, yet its gradient's strides differ; and
+    the real and the fake (compile-time) results of each operator below must have the very same strides."""
     _, channels, height, width = t.shape
     strides = (height * width * channels, 1, width * channels, channels)
     if t.stride() == strides:
@@ -57,11 +59,11 @@ if HAS_CUSTOM_OPS:  # torch >= 2.4; MALA(compile=...) asks for it
     def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: List[int], padding: List[int],
                groups: int) -> Tensor:
         """``F.conv2d`` (dilation 1), the result channels-last."""
-        return _canonical_channels_last(F.conv2d(x, weight, bias, stride, padding, 1, groups))
+        return channels_last_strides(F.conv2d(x, weight, bias, stride, padding, 1, groups))
 
     @conv2d.register_fake
     def _conv2d_fake(x, weight, bias, stride, padding, groups):
-        return _canonical_channels_last(F.conv2d(x, weight, bias, stride, padding, 1, groups))
+        return channels_last_strides(F.conv2d(x, weight, bias, stride, padding, 1, groups))
 
     @torch.library.custom_op('mala_mm::conv2d_backward', mutates_args=())
     def conv2d_backward(grad: Tensor, x: Tensor, weight: Tensor, stride: List[int], padding: List[int], groups: int,
