@@ -7,6 +7,7 @@ PY="${PYTHON:-../.venv/bin/python}"
 DEVICE="${DEVICE:-$("$PY" -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")')}"
 export PYTHONPATH="$PWD/..${PYTHONPATH:+:$PYTHONPATH}"
 "$PY" attention_op.py --device "$DEVICE"
+"$PY" softmax_kernels.py --device "$DEVICE"
 "$PY" backbone.py --device "$DEVICE" "$@"
 "$PY" backbone.py --device "$DEVICE" --dtype bf16 --scaling-sides "$@"
 if "$PY" -c 'import mmcv.ops' 2>/dev/null; then
