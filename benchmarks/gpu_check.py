@@ -14,6 +14,7 @@ import time
 from typing import Callable, Dict, List, Tuple
 
 import torch
+from torch._dynamo.utils import counters
 
 from attention_op import measure as attention_cost
 from backbone import measure as backbone_speed
@@ -29,6 +30,9 @@ SIZES = {
     'full': dict(detection=(800, 1280), segmentation=(512, 2048), mask_rcnn=(800, 1333), upernet=(512, 512)),
     'quick': dict(detection=(80, 128), mask_rcnn=(200, 333), upernet=(128, 128)),
 }
+# a second input the compiled backbone runs after the first, to count its graphs across sizes (full: the 3x
+# recipe's smallest padded training size)
+SECOND_COMPILED_SIZE = {'full': (480, 736), 'quick': (64, 96)}
 AUTOCAST = {'fp32': None, 'bf16': torch.bfloat16, 'fp16': torch.float16}
 # timed repeats of a dense training step and of the compile phase's steps, after one untimed step
 REPEATS = {'full': 3, 'quick': 1}
@@ -165,8 +169,9 @@ def dense(args, device) -> Table:
 
 def compiled(args, device) -> Table:
     """``MALA(compile=True)`` against eager, for COMPILED_ARCH: the first call's time (the compilation), the time
-    of a step, and the largest difference of the outputs (fp32, TF32 off), in eval, and in a train step except
-    with --quick (its compilation takes minutes on a CPU)."""
+    of a step, the largest difference of the outputs (fp32, TF32 off), and the graphs compiled for the input and
+    SECOND_COMPILED_SIZE together (1 where sizes share a graph), in eval, and in a train step except with --quick
+    (its compilation takes minutes on a CPU)."""
     height, width = SIZES[args.sizes]['detection']
     arch = COMPILED_ARCH[args.sizes]
     model = MALA(arch=arch, drop_path_rate=0.0).to(device)  # no random drop: eager and compiled see one function
@@ -174,12 +179,13 @@ def compiled(args, device) -> Table:
     fast = MALA(arch=arch, drop_path_rate=0.0, compile=True).to(device)
     fast.load_state_dict(model.state_dict())
     x = torch.randn(1, 3, height, width, device=device)
+    second_x = torch.randn(1, 3, *SECOND_COMPILED_SIZE[args.sizes], device=device)
     rows = []
     for train in (False, True)[:1 if args.sizes == 'quick' else 2]:
         model.train(train)
         fast.train(train)
 
-        def run(m):
+        def run(m, x=x):
             with torch.set_grad_enabled(train):
                 outputs = m(x)
                 if train:
@@ -191,6 +197,7 @@ def compiled(args, device) -> Table:
         rows.append(row)
         with exact_fp32():
             started = time.perf_counter()
+            graphs_before = counters['stats']['unique_graphs']
             try:
                 ours = run(fast)
             except Exception as err:  # a compiler failure is this phase's finding, not the end of the check
@@ -201,9 +208,11 @@ def compiled(args, device) -> Table:
             row['max_abs_difference'] = max((a - b).abs().max().item() for a, b in zip(ours, eager))
             row['eager_ms'], row['compiled_ms'] = (
                 time_ms(lambda: run(m), device, warmup=0, repeats=REPEATS[args.sizes]) for m in (model, fast))
+            run(fast, second_x)
+            row['graphs, 2 sizes'] = counters['stats']['unique_graphs'] - graphs_before
         row['speed-up'] = row['eager_ms'] / row['compiled_ms']
     return rows, ['arch', 'mode', 'input', 'compile_s', 'eager_ms', 'compiled_ms', 'speed-up', 'max_abs_difference',
-                  'error']
+                  'graphs, 2 sizes', 'error']
 
 
 def install(args, device) -> Table:

@@ -156,6 +156,8 @@ def test_bundle_installs_offline_into_a_fresh_torch_environment_and_the_quick_ch
             assert row['max_abs_error'] < FP32_MAX_ABS_ERROR, row
         else:
             assert row['relative_error'] < RELATIVE_BOUNDS[row['precision']], row
+    for row in json.loads((results / 'compile.json').read_text())['rows']:
+        assert row['graphs, 2 sizes'] == 1, row  # the two input sizes share the compiled graph
     dense = json.loads((results / 'dense.json').read_text())['rows']
     assert [row['first step skipped'] for row in dense] == [False, False]
     assert all(row['optim wrapper'].startswith('OptimWrapper (') for row in dense)

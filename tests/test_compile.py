@@ -2,6 +2,7 @@
 as close to fp32 as eager under autocast."""
 import pytest
 import torch
+import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
 from mala_mm import MALA
@@ -111,6 +112,20 @@ def test_compiled_convolution_follows_autocast(dtype):
     for ours, expected in zip(compiled_grads, eager_grads):
         assert ours.dtype == expected.dtype == torch.float32
         torch.testing.assert_close(ours, expected)
+
+
+def test_compiled_convolution_keeps_one_graph_across_sizes():
+    """The operator's compile-time result comes from the shapes alone: ``F.conv2d`` on fake tensors picks its kernel
+    by the input's size, which guarded the size (on this CPU ``3 H W > 20480`` for a 3-channel input) and compiled
+    one graph more."""
+    torch.manual_seed(0)
+    conv = Conv2d(3, 8, 3, stride=2, padding=1)
+    compiled = torch.compile(conv, backend='aot_eager', dynamic=True, fullgraph=True)
+    counters.clear()
+    for height, width in ((64, 96), (128, 192)):  # 3 H W: 18432, then 73728
+        x = torch.randn(1, 3, height, width)
+        torch.testing.assert_close(compiled(x), F.conv2d(x, conv.weight, conv.bias, 2, 1))
+    assert counters['stats']['unique_graphs'] == 1
 
 
 def test_compile_argument_is_checked():

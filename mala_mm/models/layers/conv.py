@@ -16,13 +16,17 @@ from torch import Tensor, nn
 from .torch_compat import HAS_CUSTOM_OPS, autocast_dtype, autocast_enabled, compiling_to_run
 
 
+def _channels_last_stride(shape) -> Tuple[int, int, int, int]:
+    _, channels, height, width = shape
+    return height * width * channels, 1, width * channels, channels
+
+
 def channels_last_strides(t: Tensor) -> Tensor:
     """t itself where it has the channels-last strides of its (N, C, H, W) shape, size-1 dimensions included, else
     such a copy. ``contiguous(memory_format=torch.channels_last)`` would leave a (C, 1, 3, 3) depth-wise kernel or an
     (O, I, 1, 1) kernel as it is, since it counts as channels-last already, yet its gradient's strides differ; and
     the real and the fake (compile-time) results of each operator below must have the very same strides."""
-    _, channels, height, width = t.shape
-    strides = (height * width * channels, 1, width * channels, channels)
+    strides = _channels_last_stride(t.shape)
     if t.stride() == strides:
         return t
     return torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device).copy_(t)
@@ -63,7 +67,13 @@ if HAS_CUSTOM_OPS:  # torch >= 2.4; MALA(compile=...) asks for it
 
     @conv2d.register_fake
     def _conv2d_fake(x, weight, bias, stride, padding, groups):
-        return channels_last_strides(F.conv2d(x, weight, bias, stride, padding, 1, groups))
+        # the result's shape worked out here: F.conv2d on fake tensors would choose its kernel by the input's size,
+        # and that choice would be a guard on the size, so one more graph
+        batch, _, height, width = x.shape
+        out_channels, _, kernel_height, kernel_width = weight.shape
+        shape = (batch, out_channels, (height + 2 * padding[0] - kernel_height) // stride[0] + 1,
+                 (width + 2 * padding[1] - kernel_width) // stride[1] + 1)
+        return x.new_empty_strided(shape, _channels_last_stride(shape))
 
     @torch.library.custom_op('mala_mm::conv2d_backward', mutates_args=())
     def conv2d_backward(grad: Tensor, x: Tensor, weight: Tensor, stride: List[int], padding: List[int], groups: int,
