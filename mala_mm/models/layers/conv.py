@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from .torch_compat import HAS_CUSTOM_OPS, autocast_dtype, autocast_enabled, compiling_to_run
 
 
-def _channels_last_stride(shape) -> Tuple[int, int, int, int]:
+def _channels_last_strides_of(shape) -> Tuple[int, int, int, int]:
     _, channels, height, width = shape
     return height * width * channels, 1, width * channels, channels
 
@@ -26,7 +26,7 @@ def channels_last_strides(t: Tensor) -> Tensor:
     such a copy. ``contiguous(memory_format=torch.channels_last)`` would leave a (C, 1, 3, 3) depth-wise kernel or an
     (O, I, 1, 1) kernel as it is, since it counts as channels-last already, yet its gradient's strides differ; and
     the real and the fake (compile-time) results of each operator below must have the very same strides."""
-    strides = _channels_last_stride(t.shape)
+    strides = _channels_last_strides_of(t.shape)
     if t.stride() == strides:
         return t
     return torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device).copy_(t)
@@ -73,7 +73,7 @@ if HAS_CUSTOM_OPS:  # torch >= 2.4; MALA(compile=...) asks for it
         out_channels, _, kernel_height, kernel_width = weight.shape
         shape = (batch, out_channels, (height + 2 * padding[0] - kernel_height) // stride[0] + 1,
                  (width + 2 * padding[1] - kernel_width) // stride[1] + 1)
-        return x.new_empty_strided(shape, _channels_last_stride(shape))
+        return x.new_empty_strided(shape, _channels_last_strides_of(shape))
 
     @torch.library.custom_op('mala_mm::conv2d_backward', mutates_args=())
     def conv2d_backward(grad: Tensor, x: Tensor, weight: Tensor, stride: List[int], padding: List[int], groups: int,
