@@ -1,16 +1,46 @@
+import collections
+import contextlib
+import copy
+import functools
+import io
 import os
+import runpy
 import socket
 import subprocess
 import sys
 import time
+import traceback
+from pathlib import Path
 
 import pytest
 import torch
+from mmengine.config import Config
+from mmengine.utils import ManagerMixin
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Release-format checkpoint of a small arch with the release code's outputs, and the release's key layouts.
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data')
 OFFICIAL_LAYOUT_DIR = os.path.join(DATA_DIR, 'official_layout')
+
+CONFIG_ROOT = Path(ROOT) / 'configs'
+# the paper's configs (COCO, ADE20K), relative to CONFIG_ROOT
+LEAF_CONFIGS = sorted(
+    str(path.relative_to(CONFIG_ROOT)) for task in ('detection', 'segmentation')
+    for path in (CONFIG_ROOT / task).rglob('*.py')
+    if '_base_' not in path.parts and 'builtin' not in path.name)
+# the built-in configs, which train on the built-in shapes dataset
+BUILTIN_CONFIGS = sorted(str(path.relative_to(CONFIG_ROOT)) for path in CONFIG_ROOT.rglob('*_builtin.py'))
+
+
+def load_config(path) -> Config:
+    """``Config.fromfile(path)`` for a config of this repository, which does not change during the suite: parsed
+    once (a paper config's chain of bases takes about a second), each call given its own copy to change."""
+    return copy.deepcopy(_parsed_config(os.path.abspath(str(path))))
+
+
+@functools.lru_cache(maxsize=None)
+def _parsed_config(path: str) -> Config:
+    return Config.fromfile(path)
 
 # A small arch that keeps every structural feature of the released ones (4 stages, both attention kinds).
 SMALL_ARCH = dict(embed_dims=[16, 32, 48, 64], depths=[1, 1, 2, 1], num_heads=[1, 2, 3, 4])
@@ -38,6 +68,31 @@ def pytest_report_header(config):
             f'{torch.get_num_threads()} torch threads; a bf16 matmul takes {bf16_matmul_slowdown():.1f}x '
             f'the time of fp32',
             f'torch {torch.__version__}, mmcv {mmcv.__version__} ({mmcv_source})']
+
+
+_SECONDS_BY_FILE = collections.Counter()
+_SESSION_START = []
+
+
+def pytest_sessionstart(session):
+    _SESSION_START.append(time.monotonic())
+
+
+def pytest_runtest_logreport(report):
+    _SECONDS_BY_FILE[report.nodeid.split('::')[0]] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The time each test file took (set-up, call and tear-down of its tests, shared fixtures charged to the
+    first test that asks for them) and the suite's wall time: what a new test is sized against
+    (docs/get_started.md#the-test-suite)."""
+    if not _SECONDS_BY_FILE:
+        return
+    terminalreporter.section('time per test file')
+    for path, seconds in _SECONDS_BY_FILE.most_common():
+        terminalreporter.write_line(f'{seconds:8.1f} s  {path}')
+    wall = time.monotonic() - _SESSION_START[0]
+    terminalreporter.write_line(f'{sum(_SECONDS_BY_FILE.values()):8.1f} s  in all tests; the suite ran {wall:.0f} s')
 
 
 def bf16_matmul_slowdown(size: int = 256, repeats: int = 5) -> float:
@@ -99,6 +154,57 @@ def run_tool(args, cwd, timeout=1800, **env) -> subprocess.CompletedProcess:
     command = [sys.executable, tool, *args[1:]] if tool.endswith('.py') else ['bash', tool, *args[1:]]
     env = tool_env(**env)
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def call_tool(args, cwd, **env) -> subprocess.CompletedProcess:
+    """Run ``tools/<args[0]>`` (a ``.py`` tool) in this process, as ``python tools/<args[0]> args[1:]`` would run it
+    from ``cwd`` with the environment of :func:`tool_env` and ``env``: its exit status, as a process would end with
+    it, and what it printed. For the tools' refusals, which stop before any run: the interpreter and the stack are
+    imported once for the suite, not once per call. Tests of what only a process shows (a launcher, a kill, a
+    traceback on the real stderr) use :func:`run_tool`."""
+    tool = os.path.join(ROOT, 'tools', args[0])
+    assert tool.endswith('.py'), f'{args[0]}: only Python tools run in-process'
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, _mmengine_instances_of_its_own():
+        patch.chdir(cwd)
+        for key, value in {**CPU_ONLY, **env}.items():
+            patch.setenv(key, value)
+        patch.setattr(sys, 'argv', [tool, *args[1:]])
+        patch.setattr(sys, 'stdout', out)
+        patch.setattr(sys, 'stderr', err)
+        try:
+            runpy.run_path(tool, run_name='__main__')
+            status = 0
+        except SystemExit as exit:
+            if exit.code is None or isinstance(exit.code, int):
+                status = exit.code or 0
+            else:  # sys.exit(message): Python prints the message and ends with status 1
+                print(exit.code, file=err)
+                status = 1
+        except Exception:  # as the interpreter ends on an uncaught error: its traceback, status 1
+            traceback.print_exc(file=err)
+            status = 1
+    return subprocess.CompletedProcess(args, status, out.getvalue(), err.getvalue())
+
+
+@contextlib.contextmanager
+def _mmengine_instances_of_its_own():
+    """mmengine's named global instances (loggers, message hubs, visualizers, default scopes) as they were before,
+    once the block ends: what a tool's process takes with it when it exits. A Runner reuses an instance of the
+    name it asks for, and mmdet's and mmseg's configs name their visualizer alike: a second run in this process
+    would write into the first run's folder."""
+    def manager_classes(cls=ManagerMixin):
+        for subclass in cls.__subclasses__():
+            yield subclass
+            yield from manager_classes(subclass)
+
+    before = {cls: dict(cls._instance_dict) for cls in manager_classes()}
+    try:
+        yield
+    finally:
+        for cls in manager_classes():
+            cls._instance_dict.clear()
+            cls._instance_dict.update(before.get(cls, {}))
 
 
 @pytest.fixture(scope='session')

@@ -5,7 +5,6 @@ import math
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,16 +13,11 @@ from mmengine.optim import build_optim_wrapper
 from mmengine.registry import PARAM_SCHEDULERS, init_default_scope
 from torch import nn
 
+from conftest import BUILTIN_CONFIGS, CONFIG_ROOT, LEAF_CONFIGS, ROOT, load_config
+from mala_mm.cli import model_zoo
 from mala_mm import MALA
 from mala_mm.sample_inputs import data_samples
 
-CONFIG_ROOT = Path(__file__).resolve().parents[1] / 'configs'
-LEAF_CONFIGS = sorted(
-    str(path.relative_to(CONFIG_ROOT)) for task in ('detection', 'segmentation')
-    for path in (CONFIG_ROOT / task).rglob('*.py')
-    if '_base_' not in path.parts and 'builtin' not in path.name)
-# the built-in configs, which train on the built-in shapes dataset
-BUILTIN_CONFIGS = sorted(str(path.relative_to(CONFIG_ROOT)) for path in CONFIG_ROOT.rglob('*_builtin.py'))
 # the model, the hooks and optim wrapper the configs and tools/train.py --amp name, and checkpoints read as data
 MALA_IMPORTS = dict(imports=['mala_mm', 'mala_mm.engine', 'mala_mm.safe_loading'], allow_failed_imports=False)
 
@@ -39,7 +33,7 @@ def variant_of(config: str) -> str:
 
 
 def load(config: str) -> Config:
-    return Config.fromfile(str(CONFIG_ROOT / config))
+    return load_config(CONFIG_ROOT / config)
 
 
 def config_params():
@@ -89,18 +83,32 @@ def _flat_tensors(outputs):
     return [t for item in outputs for t in _flat_tensors(item)]
 
 
-@pytest.mark.parametrize('config', list(config_params()))
-def test_config_builds_and_runs_in_tensor_mode(config, record_property):
+# the model-zoo entry of each paper config, by its path relative to CONFIG_ROOT
+ZOO_ENTRIES = {entry['Config'].split('configs/', 1)[1]: entry
+               for metafile in model_zoo.load_metafiles(f'{ROOT}/model-index.yml') for entry in metafile['Models']}
+
+
+@pytest.fixture(scope='module', params=list(config_params()))
+def paper_model(request):
+    """A paper config, loaded, and its model as its library's registry builds it: built once for the tests of that
+    config (pytest runs them one after the other), in eval mode."""
+    config = request.param
     cfg = load(config)
     if 'rpn' in cfg.model.get('test_cfg', {}):
         # the RoI heads' cost grows with the number of proposals (Cascade runs its mask heads on all of them)
         cfg.model.test_cfg.rpn.max_per_img = 20
     scope = cfg.default_scope
     init_default_scope(scope)
-    model = importlib.import_module(f'{scope}.registry').MODELS.build(cfg.model).eval()
+    return config, cfg, importlib.import_module(f'{scope}.registry').MODELS.build(cfg.model).eval()
+
+
+def test_config_builds_and_runs_in_tensor_mode_with_the_zoos_parameter_count(paper_model, record_property):
+    config, cfg, model = paper_model
+    scope = cfg.default_scope
     num_params = sum(p.numel() for p in model.parameters())
     record_property('params', num_params)
     print(f'\n{config}: {num_params / 1e6:.2f} M parameters')
+    assert ZOO_ENTRIES[config]['Metadata']['Parameters (M)'] == round(num_params / 1e6, 2)
 
     arch, _ = VARIANTS[variant_of(config)]
     assert isinstance(model.backbone, MALA)
@@ -111,9 +119,12 @@ def test_config_builds_and_runs_in_tensor_mode(config, record_property):
 
     features = []
     feature_source = model.neck if scope == 'mmdet' else model.backbone
-    feature_source.register_forward_hook(lambda module, args, out: features.extend(out))
-    with torch.no_grad():
-        outputs = model(inputs, data_samples(scope, IMAGE_SIZE, IMAGE_SIZE), mode='tensor')
+    hook = feature_source.register_forward_hook(lambda module, args, out: features.extend(out))
+    try:
+        with torch.no_grad():
+            outputs = model(inputs, data_samples(scope, IMAGE_SIZE, IMAGE_SIZE), mode='tensor')
+    finally:
+        hook.remove()
 
     tensors = _flat_tensors(outputs)
     assert tensors and all(torch.isfinite(t).all() for t in tensors)
@@ -305,15 +316,8 @@ def release_is_decayed(method: str, name: str, module: nn.Module) -> bool:
     return 'norm' not in name and not isinstance(module, NORM_LAYERS)
 
 
-def built_model(config: str):
-    cfg = load(config)
-    init_default_scope(cfg.default_scope)
-    return cfg, importlib.import_module(f'{cfg.default_scope}.registry').MODELS.build(cfg.model)
-
-
-@pytest.mark.parametrize('config', list(config_params()))
-def test_each_parameter_gets_the_release_weight_decay_and_lr(config):
-    cfg, model = built_model(config)
+def test_each_parameter_gets_the_release_weight_decay_and_lr(paper_model):
+    config, cfg, model = paper_model
     # mmengine's AmpOptimWrapper refuses to be built without an accelerator; the parameter groups come from the
     # constructor alone, whatever the wrapper
     plain = {key: value for key, value in cfg.optim_wrapper.items() if key != 'loss_scale'}

@@ -17,29 +17,15 @@ import torch
 import torch.nn.functional as F
 
 from conftest import SMALL_ARCH, feature_loss
+from low_precision import DTYPES, LOW_PRECISIONS, MARKS, NAMES, cpu_autocast_takes
 from mala_mm import MALA, reference
 from mala_mm.reference import relative_error
 from mala_mm.models.layers import MALAttention, RoPE2d, mala_attention
 
 
-
-def _cpu_autocast_takes(dtype) -> bool:
-    try:
-        with torch.autocast('cpu', dtype=dtype):
-            return True
-    except RuntimeError:  # torch 2.1's CPU autocast runs bfloat16 only
-        return False
-
-
 # torch 2.1.2's CPU scaled_dot_product_attention aborts the process in its bfloat16 backward ("double free or
 # corruption"), whatever the model around it; 2.13 does not (the versions between are unmeasured)
 SDPA_BF16_BACKWARD_ABORTS = torch.__version__.startswith('2.1.')
-LOW_PRECISIONS = [torch.bfloat16, torch.float16]
-NAMES = {torch.bfloat16: 'bf16', torch.float16: 'fp16'}
-MARKS = {torch.float16: pytest.mark.skipif(not _cpu_autocast_takes(torch.float16),
-                                           reason="this torch's CPU autocast has no float16")}
-# the low precisions as parameters of a test, each skipped where this torch's CPU autocast lacks it
-DTYPES = [pytest.param(dtype, id=NAMES[dtype], marks=MARKS.get(dtype, ())) for dtype in LOW_PRECISIONS]
 FP16_MAX = torch.finfo(torch.float16).max
 
 # A few roundings of the low-precision matmuls' operands and results.
@@ -263,7 +249,7 @@ def test_residual_depthwise_conv_keeps_the_residual_stream_in_fp32_under_autocas
     if residual == 'fused':
         assert torch.allclose(conv(x), x + F.conv2d(x, conv.weight, conv.bias, padding=1, groups=8), atol=1e-6)
         return
-    if not _cpu_autocast_takes(torch.float16):
+    if not cpu_autocast_takes(torch.float16):
         pytest.skip("this torch's CPU autocast has no float16")
     with torch.no_grad(), torch.autocast('cpu', dtype=torch.float16):
         y = conv(x)

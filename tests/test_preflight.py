@@ -5,19 +5,17 @@ import json
 import shutil
 
 import pytest
-from mmengine.config import Config
 
-from conftest import run_tool
+from conftest import BUILTIN_CONFIGS, CONFIG_ROOT, LEAF_CONFIGS, call_tool, load_config
 from mala_mm.cli import head_class_problems
 from mala_mm.datasets import DatasetNotFoundError, check_data_paths
-from test_configs import BUILTIN_CONFIGS, CONFIG_ROOT, LEAF_CONFIGS
 
 ALL_LOADERS = ('train_dataloader', 'val_dataloader', 'test_dataloader')
 FIVE = ['ant', 'bee', 'cicada', 'dragonfly', 'earwig']
 
 
 def config(name, **options):
-    cfg = Config.fromfile(str(CONFIG_ROOT / name))
+    cfg = load_config(str(CONFIG_ROOT / name))
     cfg.merge_from_dict(options)
     return cfg
 
@@ -114,7 +112,7 @@ def test_the_hinted_options_point_the_tools_at_the_dataset(builtin_workspace, tm
         "train_dataloader, val_dataloader, test_dataloader = dataset, dataset, dataset\n"
         "val_evaluator = dict(ann_file='data/shapes/annotations/instances_val.json')\n"
         "test_evaluator = val_evaluator\n")
-    result = run_tool(['train.py', str(config_path)], cwd=tmp_path)
+    result = call_tool(['train.py', str(config_path)], cwd=tmp_path)
     assert result.returncode == 2
     hint = result.stderr.split('--cfg-options ')[1].split(' (or, in a config')[0]
     assert hint.split() == [
@@ -122,7 +120,7 @@ def test_the_hinted_options_point_the_tools_at_the_dataset(builtin_workspace, tm
         'test_dataloader.dataset.data_root=PATH', 'val_evaluator.ann_file=PATH/annotations/instances_val.json',
         'test_evaluator.ann_file=PATH/annotations/instances_val.json']
     options = [option.replace('PATH', str(elsewhere)) for option in hint.split()]
-    result = run_tool(['train.py', str(config_path), '--work-dir', str(tmp_path / 'run'), '--cfg-options',
+    result = call_tool(['train.py', str(config_path), '--work-dir', str(tmp_path / 'run'), '--cfg-options',
                        *options, 'train_cfg.max_iters=2', 'train_cfg.val_interval=2'], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     scalars = [json.loads(line) for line in next((tmp_path / 'run').rglob('scalars.json')).open()]

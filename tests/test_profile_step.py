@@ -1,16 +1,11 @@
-"""benchmarks/profile_step.py: every operator of a train step is charged to one part of the model, backward too."""
+"""mala_mm.analysis.step_profile: every operator of a train step is charged to one part of the model, backward too."""
 import math
-import os
-import sys
 
 import torch
 
-from conftest import ROOT
 from mala_mm import MALA
+from mala_mm.analysis.step_profile import PREFIX, charge, labelled_parts, profile, table_rows
 from mala_mm.models.layers import attention as attention_module
-
-sys.path.insert(0, os.path.join(ROOT, 'benchmarks'))
-from profile_step import PREFIX, charge, labelled_parts, profile, table_rows  # noqa: E402
 
 
 def test_a_train_step_is_charged_to_the_parts_that_ran_it(small_arch):

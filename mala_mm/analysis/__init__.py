@@ -1,2 +1,3 @@
-"""Measurements of models: FLOP counts (:mod:`.flops`) and what an attention block attends to
-(:mod:`.attention_scores`). Import the module you need; ``import mala_mm`` does not load them."""
+"""Measurements of models: FLOP counts (:mod:`.flops`), what an attention block attends to
+(:mod:`.attention_scores`) and where a backbone's train step spends its time (:mod:`.step_profile`). Import the
+module you need; ``import mala_mm`` does not load them."""
