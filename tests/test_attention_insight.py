@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, run_tool
+from conftest import ROOT, call_tool
 from mala_mm import MALA
 from mala_mm.analysis import attention_scores as insight
 
@@ -76,7 +76,7 @@ def test_scaled_query_has_the_scaled_feature():
 
 
 def run_insight(*args):
-    return run_tool(['analysis/attention_insight.py', *map(str, args)], ROOT)
+    return call_tool(['analysis/attention_insight.py', *map(str, args)], ROOT)
 
 
 def test_cli_writes_the_two_pngs(tmp_path):

@@ -9,10 +9,10 @@ import os.path as osp
 import cv2
 import numpy as np
 import pytest
-from mmengine.config import Config
 from mmengine.registry import init_default_scope
 from pycocotools.coco import COCO
 
+from conftest import load_config
 from mala_mm.datasets import (CLASSES, SEG_CLASSES, BuiltinDatasetParams, generate_builtin_dataset,
                               read_params)
 
@@ -96,7 +96,7 @@ def test_label_maps_cover_exactly_the_instances(dataset_root):
 
 def _build_dataset(config, dataset_root, scope):
     """The config's training set, built by the library's own registry, read from ``dataset_root``."""
-    cfg = Config.fromfile(config)
+    cfg = load_config(config)
     cfg.train_dataloader.dataset.data_root = dataset_root
     init_default_scope(scope)
     return importlib.import_module(f'{scope}.registry').DATASETS.build(cfg.train_dataloader.dataset)
@@ -125,8 +125,8 @@ def test_loads_in_mmseg_dataset_with_the_right_classes(dataset_root):
 
 
 def test_configs_declare_the_generator_classes():
-    det = Config.fromfile(DET_CONFIG)
-    seg = Config.fromfile(SEG_CONFIG)
+    det = load_config(DET_CONFIG)
+    seg = load_config(SEG_CONFIG)
     assert tuple(det.train_dataloader.dataset.metainfo['classes']) == CLASSES
     assert tuple(seg.train_dataloader.dataset.metainfo['classes']) == SEG_CLASSES
     assert det.model.roi_head.bbox_head.num_classes == len(CLASSES)

@@ -1,14 +1,12 @@
 """tools/convert_checkpoint.py and tools/verify_checkpoint.py on release-format checkpoints."""
 import argparse
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import DATA_DIR
+from conftest import DATA_DIR, call_tool
 from mala_mm import MALA
 from mala_mm.checkpoint import load_backbone_weights
 
@@ -18,8 +16,7 @@ DET_IO = os.path.join(DATA_DIR, 'official_det_io.pth')
 
 
 def run_tool(name, *args):
-    return subprocess.run([sys.executable, str(REPO / 'tools' / name), *map(str, args)], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    return call_tool([name, *map(str, args)], REPO)
 
 
 def outputs(model, images):

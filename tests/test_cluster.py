@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from conftest import DATA_DIR, ROOT, config_with_hooks, free_port, run_tool, tool_env
+from conftest import DATA_DIR, ROOT, config_with_hooks, free_port, load_config, run_tool, tool_env
 from mala_mm.checkpoint import safe_load
 
 CONFIG = osp.join(DATA_DIR, 'upernet_mala_narrow_64px_builtin.py')
@@ -79,13 +79,23 @@ def norm_statistics(folder, rank):
             if k.endswith(('running_mean', 'running_var'))}
 
 
-def test_two_nodes_train_and_evaluate_as_one_node_and_report_the_saved_models_metrics(builtin_workspace, tmp_path):
-    one_node, two_nodes = builtin_workspace / 'one_node', builtin_workspace / 'two_nodes'
-    trained = run_ok(['dist_train.sh', with_buffer_dumps(tmp_path), '2', '--work-dir', str(one_node), *schedule()],
-                     builtin_workspace)
+@pytest.fixture(scope='module')
+def one_node(builtin_workspace, tmp_path_factory):
+    """Two processes on one node train CONFIG for ITERS iterations, each saving its buffers after training: the
+    work dir, the folder of the buffers and what the run printed. The reference run of the tests below."""
+    buffers = tmp_path_factory.mktemp('one_node_buffers')
+    work_dir = builtin_workspace / 'one_node'
+    output = run_ok(['dist_train.sh', with_buffer_dumps(buffers), '2', '--work-dir', str(work_dir), *schedule()],
+                    builtin_workspace)
+    return work_dir, buffers, output
+
+
+def test_two_nodes_train_and_evaluate_as_one_node_and_report_the_saved_models_metrics(builtin_workspace, one_node):
+    one_node, buffers, trained = one_node
+    two_nodes = builtin_workspace / 'two_nodes'
     checkpoint = one_node / f'iter_{ITERS}.pth'
     # every process ends with the BatchNorm statistics that the checkpoint holds
-    ranks = [norm_statistics(tmp_path, rank) for rank in (0, 1)]
+    ranks = [norm_statistics(buffers, rank) for rank in (0, 1)]
     saved = safe_load(str(checkpoint))['state_dict']
     assert ranks[0] and all(torch.equal(ranks[0][k], ranks[1][k]) and torch.equal(ranks[0][k], saved[k])
                             for k in ranks[0])
@@ -101,9 +111,9 @@ def test_two_nodes_train_and_evaluate_as_one_node_and_report_the_saved_models_me
     assert miou(tested_on_two) == miou(tested)
 
 
-def test_a_killed_rank_is_restarted_and_resumes_to_the_uninterrupted_weights(builtin_workspace, tmp_path):
-    uninterrupted, interrupted = builtin_workspace / 'uninterrupted', builtin_workspace / 'restarted'
-    run_ok(['dist_train.sh', CONFIG, '2', '--work-dir', str(uninterrupted), *schedule()], builtin_workspace)
+def test_a_killed_rank_is_restarted_and_resumes_to_the_uninterrupted_weights(builtin_workspace, one_node, tmp_path):
+    # the hooks that save the reference run's buffers change no weight
+    uninterrupted, interrupted = one_node[0], builtin_workspace / 'restarted'
     # rank 1 is killed after iteration 6 (the checkpoint of iteration 4 is the latest), then, after the restart,
     # rank 0 is killed half-way through writing the checkpoint of iteration 8
     faulty = config_with_hooks(tmp_path / 'faulty.py', CONFIG, [
@@ -137,10 +147,9 @@ def test_two_process_segmentation_test_exits_cleanly_every_time(builtin_workspac
     the GIL too late and the process aborted ('terminate called without an active exception'). Every process
     must also have joined its gloo worker threads before the interpreter begins to exit."""
     import importlib
-    from mmengine.config import Config
     from mmengine.registry import init_default_scope
     config = osp.join(ROOT, 'configs/segmentation/upernet_mala_t_builtin.py')
-    cfg = Config.fromfile(config)
+    cfg = load_config(config)
     init_default_scope(cfg.default_scope)
     model = importlib.import_module('mmseg.registry').MODELS.build(cfg.model)
     model.init_weights()

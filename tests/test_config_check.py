@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from mmengine.config import Config
 
-from conftest import ROOT, run_tool
+from conftest import ROOT, call_tool, load_config
 from mala_mm.cli import config_check
 
 CONFIG_ROOT = Path(ROOT) / 'configs'
@@ -41,7 +41,7 @@ def _all_configs():
 
 @pytest.mark.parametrize('path, scope', list(_all_configs()))
 def test_shipped_configs_pass(path, scope):
-    assert config_check.config_problems(Config.fromfile(path), scope) == []
+    assert config_check.config_problems(load_config(path), scope) == []
 
 
 @pytest.mark.parametrize('option, message', [
@@ -50,7 +50,7 @@ def test_shipped_configs_pass(path, scope):
     ('train_cfg.max_iter=10', "train_cfg: IterBasedTrainLoop has no argument 'max_iter'; did you mean 'max_iters'?"),
 ], ids=['backbone', 'loop'])
 def test_misspelt_key_stops_the_tool(option, message, tmp_path):
-    result = run_tool(['train.py', DET_CONFIG, '--cfg-options', option], cwd=tmp_path, timeout=300)
+    result = call_tool(['train.py', DET_CONFIG, '--cfg-options', option], cwd=tmp_path)
     assert result.returncode == 2, result.stderr[-2000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith('error: ')]
     assert errors == [f'error: {DET_CONFIG}: {message}']
@@ -58,7 +58,7 @@ def test_misspelt_key_stops_the_tool(option, message, tmp_path):
 
 
 def _problems(**options):
-    cfg = Config.fromfile(DET_CONFIG)
+    cfg = load_config(DET_CONFIG)
     cfg.merge_from_dict(options)
     return config_check.config_problems(cfg)
 
@@ -73,7 +73,7 @@ def test_keys_that_builders_take_out_are_accepted():
 
 
 def test_typeless_train_loop_is_checked_as_the_runner_builds_it():
-    cfg = Config.fromfile(DET_CONFIG)
+    cfg = load_config(DET_CONFIG)
     cfg.train_cfg = dict(by_epoch=False, max_iters=10, val_intervl=5)
     assert config_check.config_problems(cfg) == [
         "train_cfg: IterBasedTrainLoop has no argument 'val_intervl'; did you mean 'val_interval'?"]
@@ -85,7 +85,7 @@ def test_without_a_close_key_the_valid_ones_are_listed():
 
 
 def _typos(**options):
-    cfg = Config.fromfile(DET_CONFIG)
+    cfg = load_config(DET_CONFIG)
     cfg.merge_from_dict(options)
     return config_check.top_level_typos(cfg)
 
@@ -100,11 +100,10 @@ def test_intermediate_variables_are_not_top_level_typos():
 def test_a_top_level_typo_is_a_warning_and_the_check_can_be_skipped(tmp_path):
     """A top-level near miss is printed as a warning and does not stop the run (the pre-flight then stops it on
     the missing dataset); --skip-config-check lets a key the check refuses reach the build, which stops on it."""
-    result = run_tool(['train.py', DET_CONFIG, '--cfg-options', 'optim_wraper.clip_grad.max_norm=1'], cwd=tmp_path,
-                      timeout=300)
+    result = call_tool(['train.py', DET_CONFIG, '--cfg-options', 'optim_wraper.clip_grad.max_norm=1'], cwd=tmp_path)
     assert (f"warning: {DET_CONFIG}: top-level key 'optim_wraper' is not one the runner reads; did you mean "
             "'optim_wrapper'?") in result.stderr
     assert "error: dataset not found under 'data/builtin/'" in result.stderr
-    result = run_tool(['train.py', DET_CONFIG, '--skip-config-check', '--cfg-options', 'model.backbone.frozen_stage=1'],
-                      cwd=tmp_path, timeout=300)
+    result = call_tool(['train.py', DET_CONFIG, '--skip-config-check', '--cfg-options',
+                        'model.backbone.frozen_stage=1'], cwd=tmp_path)
     assert 'has no argument' not in result.stderr and "error: dataset not found under 'data/builtin/'" in result.stderr

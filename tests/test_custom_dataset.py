@@ -14,7 +14,7 @@ import pytest
 import torch
 from mmengine.config import Config
 
-from conftest import ROOT, run_tool
+from conftest import ROOT, call_tool
 from mala_mm import MALA
 
 pytestmark = pytest.mark.slow
@@ -104,7 +104,7 @@ def workspace(tmp_path_factory):
 
 
 def run(args, cwd):
-    result = run_tool(args, cwd)
+    result = call_tool(args, cwd)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     return output

@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from conftest import DATA_DIR, run_tool
+from conftest import DATA_DIR, call_tool
 
 SEG_CONFIG = f'{DATA_DIR}/upernet_mala_narrow_64px_builtin.py'
 
@@ -29,7 +29,7 @@ def test_check_dataset_lists_every_undecodable_image(workspace):
     for path in bad[:2]:
         corrupt(path)
     bad[2].write_bytes(b'')
-    result = run_tool(['check_dataset.py', SEG_CONFIG, '--workers', '2'], workspace)
+    result = call_tool(['check_dataset.py', SEG_CONFIG, '--workers', '2'], workspace)
     assert result.returncode == 2, result.stdout + result.stderr
     assert 'error: 3 of ' in result.stderr and 'images cannot be decoded' in result.stderr
     listed = [line.strip() for line in result.stderr.splitlines() if line.startswith('  data/')]
@@ -39,7 +39,7 @@ def test_check_dataset_lists_every_undecodable_image(workspace):
 
 
 def test_check_dataset_passes_a_sound_dataset(workspace):
-    result = run_tool(['check_dataset.py', SEG_CONFIG], workspace)
+    result = call_tool(['check_dataset.py', SEG_CONFIG], workspace)
     assert result.returncode == 0, result.stderr
     assert 'every image decodes' in result.stdout
 
@@ -51,7 +51,7 @@ def skip_at_most(limit):
 
 
 def train(workspace, *options):
-    return run_tool(['train.py', SEG_CONFIG, '--work-dir', str(workspace / 'work'), '--cfg-options',
+    return call_tool(['train.py', SEG_CONFIG, '--work-dir', str(workspace / 'work'), '--cfg-options',
                      'train_cfg.max_iters=6', 'param_scheduler.0.end=2', 'param_scheduler.1.begin=2',
                      'param_scheduler.1.end=6', 'val_cfg=None', 'val_dataloader=None', 'val_evaluator=None',
                      *options], workspace)

@@ -5,17 +5,16 @@ import re
 
 import pytest
 import torch
-from mmengine.config import Config
 from torch import nn
 
-from conftest import ROOT, run_tool
+from conftest import ROOT, call_tool, load_config
 from mala_mm import MALA
 from mala_mm.analysis.flops import attention_macs, count_macs, count_model_macs
 from mala_mm.cli import build_model
 
 
 def run_get_flops(*args):
-    return run_tool(['get_flops.py', *map(str, args)], ROOT)
+    return call_tool(['get_flops.py', *map(str, args)], ROOT)
 
 
 def test_cli_prints_params_and_flops():
@@ -27,7 +26,7 @@ def test_cli_prints_params_and_flops():
     params = int(re.search(r'^params: (\d+) ', out, re.M).group(1))
     flops = float(re.search(r'^FLOPs: ([\d.]+) G', out, re.M).group(1))
     attention = float(re.search(r'attention matmuls \(bmm, SDPA\): ([\d.]+) G', out).group(1))
-    model = build_model(Config.fromfile(osp.join(ROOT, config)))
+    model = build_model(load_config(osp.join(ROOT, config)))
     assert params == sum(p.numel() for p in model.parameters())
     assert flops > 0 and 0 < attention < flops
     # a two-stage detector says on how many RoIs its heads were counted
@@ -35,7 +34,7 @@ def test_cli_prints_params_and_flops():
 
 
 def test_model_count_names_the_roi_heads_and_leaves_no_hooks_behind():
-    model = build_model(Config.fromfile(osp.join(ROOT, 'configs/detection/mask_rcnn_mala_t_builtin.py')))
+    model = build_model(load_config(osp.join(ROOT, 'configs/detection/mask_rcnn_mala_t_builtin.py')))
     count = count_model_macs(model, 'mmdet', 64, 96)
     assert [name for name, _ in count.roi_counts] == ['roi_head.bbox_roi_extractor', 'roi_head.mask_roi_extractor']
     assert all(num_rois > 0 for _, num_rois in count.roi_counts)

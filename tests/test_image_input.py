@@ -5,10 +5,9 @@ import os.path as osp
 import numpy as np
 import pytest
 import torch
-from mmengine.config import Config
 from mmengine.registry import DefaultScope
 
-from conftest import ROOT, run_tool
+from conftest import ROOT, call_tool, load_config
 from mala_mm.cli import build_model
 from mala_mm.datasets import (BuiltinDatasetParams, EmptyDataFileError, check_data_paths,
                               generate_builtin_dataset)
@@ -20,12 +19,12 @@ TINY_SIZES = [(1, 1), (1, 7), (7, 1)]
 
 @pytest.fixture(scope='module')
 def detector():
-    return build_model(Config.fromfile(DET_CONFIG))
+    return build_model(load_config(DET_CONFIG))
 
 
 @pytest.fixture(scope='module')
 def segmentor():
-    return build_model(Config.fromfile(SEG_CONFIG))
+    return build_model(load_config(SEG_CONFIG))
 
 
 def _image(height, width):
@@ -69,7 +68,7 @@ def builtin_dataset(tmp_path):
 def test_empty_image_stops_the_tool_before_the_run(builtin_dataset):
     (builtin_dataset / 'data/builtin/images/validation/000001.jpg').write_bytes(b'')
     (builtin_dataset / 'model.pth').write_bytes(b'')  # never read: the data check comes first
-    result = run_tool(['test.py', DET_CONFIG, 'model.pth'], cwd=builtin_dataset, timeout=300)
+    result = call_tool(['test.py', DET_CONFIG, 'model.pth'], cwd=builtin_dataset)
     assert result.returncode == 2, result.stderr[-2000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith('error: ')]
     assert errors == [
@@ -82,7 +81,7 @@ def test_empty_image_stops_the_tool_before_the_run(builtin_dataset):
 def test_empty_label_map_is_found(builtin_dataset, monkeypatch):
     monkeypatch.chdir(builtin_dataset)
     (builtin_dataset / 'data/builtin/annotations/training/000000.png').write_bytes(b'')
-    cfg = Config.fromfile(SEG_CONFIG)
+    cfg = load_config(SEG_CONFIG)
     with pytest.raises(EmptyDataFileError, match=r'data/builtin/annotations/training/000000\.png'):
         check_data_paths(cfg, ('train_dataloader', 'val_dataloader'))
     check_data_paths(cfg, ('val_dataloader', ))  # the validation split is whole
@@ -92,6 +91,6 @@ def test_corrupt_image_is_named(builtin_dataset):
     # not empty, so it passes the size check; the image loader names it when it cannot decode it
     (builtin_dataset / 'data/builtin/images/validation/000000.jpg').write_bytes(b'not an image' * 100)
     torch.save({'state_dict': {}}, builtin_dataset / 'model.pth')
-    result = run_tool(['test.py', DET_CONFIG, 'model.pth'], cwd=builtin_dataset, timeout=300)
+    result = call_tool(['test.py', DET_CONFIG, 'model.pth'], cwd=builtin_dataset)
     assert result.returncode != 0
     assert 'failed to load image: data/builtin/images/validation/000000.jpg' in result.stderr

@@ -1,15 +1,18 @@
 """A training run killed with SIGKILL, between iterations or half-way through writing a checkpoint, resumes to
-the very weights of an uninterrupted run (CPU, fixed seed, deterministic mode, the built-in dataset)."""
+the very weights of an uninterrupted run (CPU, fixed seed, deterministic mode, the built-in dataset).
+
+The model is the built-in UperNet with a narrow MALA at 64 px (tests/data): what is checked, the checkpoints a
+kill leaves and the weights a resume reaches, does not depend on the model's size."""
 import os.path as osp
 import signal
 
 import pytest
 import torch
 
-from conftest import ROOT, config_with_hooks, run_tool
+from conftest import DATA_DIR, config_with_hooks, run_tool
 from mala_mm.checkpoint import CheckpointError, safe_load
 
-SEG_CONFIG = osp.join(ROOT, 'configs/segmentation/upernet_mala_t_builtin.py')
+SEG_CONFIG = osp.join(DATA_DIR, 'upernet_mala_narrow_64px_builtin.py')
 ITERS, INTERVAL = 12, 4  # checkpoints at iterations 4, 8 and 12
 KILLED = -signal.SIGKILL
 

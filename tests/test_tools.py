@@ -9,7 +9,7 @@ import pytest
 import torch
 from mmengine.config import Config
 
-from conftest import ROOT, run_tool
+from conftest import ROOT, call_tool, load_config, run_tool
 from mala_mm.cli import ToolError, build_model
 from mala_mm.cli.machine_fit import REMOVED, describe_changes, fit_optim_wrapper_to_device, sync_bn_to_bn
 from hostile_pickles import WritesAFile
@@ -29,7 +29,7 @@ def test_wrong_config_path(tool, tmp_path):
 @pytest.mark.parametrize('config', [DET_CONFIG, SEG_CONFIG])
 def test_missing_dataset_names_the_folder_and_the_command(config, tmp_path):
     # run from an empty folder: the configs' data/builtin/ is relative to the working directory
-    result = run_tool(['train.py', config], cwd=tmp_path)
+    result = call_tool(['train.py', config], cwd=tmp_path)
     assert result.returncode == 2, result.stderr[-2000:]
     assert "dataset not found under 'data/builtin/'" in result.stderr
     assert 'data/builtin/images/training' in result.stderr
@@ -51,7 +51,7 @@ def test_missing_dataset_through_the_launcher(tmp_path, slow_rank):
 
 def test_missing_pretrained_weights_are_named_before_training(tmp_path):
     # a paper config in a folder without checkpoints/: the weights are named along with the missing COCO data
-    result = run_tool(['train.py', osp.join(ROOT, 'configs/detection/mask_rcnn_mala_s.py')], cwd=tmp_path)
+    result = call_tool(['train.py', osp.join(ROOT, 'configs/detection/mask_rcnn_mala_s.py')], cwd=tmp_path)
     assert result.returncode == 2
     assert ("model.backbone.init_cfg.checkpoint 'checkpoints/mala_s_in1k.pth' does not exist; the ImageNet "
             "weights and where they go: docs/get_started.md#weights") in result.stderr
@@ -60,14 +60,14 @@ def test_missing_pretrained_weights_are_named_before_training(tmp_path):
 
 
 def test_cfg_options_that_cannot_merge_are_one_line(tmp_path):
-    result = run_tool(['train.py', DET_CONFIG, '--cfg-options', 'model.backbone.init_cfg.type=Pretrained'],
+    result = call_tool(['train.py', DET_CONFIG, '--cfg-options', 'model.backbone.init_cfg.type=Pretrained'],
                       cwd=tmp_path)
     assert result.returncode == 2
     assert 'error: --cfg-options: init_cfg=' in result.stderr and 'Traceback' not in result.stderr
 
 
 def test_other_datasets_get_a_generic_hint(tmp_path):
-    result = run_tool(['train.py', SEG_CONFIG, '--cfg-options',
+    result = call_tool(['train.py', SEG_CONFIG, '--cfg-options',
                        'train_dataloader.dataset.data_root=data/ade/', 'val_dataloader.dataset.data_root=data/ade/'],
                       cwd=tmp_path)
     assert result.returncode == 2
@@ -92,16 +92,16 @@ def test_zero_processes(tmp_path):
 
 
 def test_missing_checkpoints(tmp_path):
-    result = run_tool(['test.py', SEG_CONFIG, 'no_such.pth'], cwd=tmp_path)
+    result = call_tool(['test.py', SEG_CONFIG, 'no_such.pth'], cwd=tmp_path)
     assert result.returncode == 2
     assert "checkpoint 'no_such.pth' does not exist" in result.stderr
-    result = run_tool(['train.py', SEG_CONFIG, '--resume', 'no_such.pth'], cwd=tmp_path)
+    result = call_tool(['train.py', SEG_CONFIG, '--resume', 'no_such.pth'], cwd=tmp_path)
     assert result.returncode == 2
     assert "--resume checkpoint 'no_such.pth' does not exist" in result.stderr
 
 
 def test_benchmark_reports_speed(tmp_path):
-    result = run_tool(['benchmark.py', SEG_CONFIG, '--shape', '64', '64', '--warmup', '1',
+    result = call_tool(['benchmark.py', SEG_CONFIG, '--shape', '64', '64', '--warmup', '1',
                        '--iters', '2'], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert 'upernet_mala_t_builtin.py' in result.stdout and 'images/s' in result.stdout
@@ -116,7 +116,7 @@ def truncated_checkpoint(folder) -> str:
 
 
 def test_benchmark_explains_a_checkpoint_it_cannot_load(tmp_path):
-    result = run_tool(['benchmark.py', SEG_CONFIG, '--checkpoint', truncated_checkpoint(tmp_path), '--shape', '64',
+    result = call_tool(['benchmark.py', SEG_CONFIG, '--checkpoint', truncated_checkpoint(tmp_path), '--shape', '64',
                        '64', '--warmup', '1', '--iters', '1'], cwd=tmp_path)
     assert result.returncode == 2
     assert 'it is truncated or corrupted' in result.stderr and 'Traceback' not in result.stderr
@@ -138,14 +138,14 @@ def build_model_error(cfg, checkpoint=None) -> str:
     ({'model.backbone.arch': 'huge'}, "MALA: unknown arch 'huge'; choose one of"),
 ], ids=['scope', 'misspelt key', 'unknown type', 'MALA argument'])
 def test_a_config_that_cannot_build_a_model_stops_with_one_line(option, message):
-    cfg = Config.fromfile(DET_CONFIG)
+    cfg = load_config(DET_CONFIG)
     cfg.merge_from_dict(option)
     error = build_model_error(cfg)
     assert error.startswith(message) and '\n' not in error
 
 
 def test_a_checkpoint_that_cannot_be_loaded_stops_with_one_line(tmp_path):
-    cfg = Config.fromfile(SEG_CONFIG)
+    cfg = load_config(SEG_CONFIG)
     missing = str(tmp_path / 'missing.pth')
     assert build_model_error(cfg, missing) == f'checkpoint {missing!r} does not exist'
     error = build_model_error(cfg, truncated_checkpoint(tmp_path))
@@ -154,7 +154,7 @@ def test_a_checkpoint_that_cannot_be_loaded_stops_with_one_line(tmp_path):
 
 def test_built_model_runs_without_pretrained_weights_and_knows_its_classes(tmp_path):
     # a paper config whose ImageNet weights are not here: the model is built without them, the config kept as is
-    cfg = Config.fromfile(osp.join(ROOT, 'configs/detection/mask_rcnn_mala_t.py'))
+    cfg = load_config(osp.join(ROOT, 'configs/detection/mask_rcnn_mala_t.py'))
     model = build_model(cfg)
     assert cfg.model.backbone.init_cfg.type == 'Pretrained' and model.cfg.model.backbone.init_cfg is None
     assert not model.training and type(model.backbone).__name__ == 'MALA'
@@ -163,7 +163,7 @@ def test_built_model_runs_without_pretrained_weights_and_knows_its_classes(tmp_p
     # the classes a checkpoint's weights were trained on come first; what its meta lacks comes from the config
     checkpoint = tmp_path / 'meta_only.pth'
     torch.save({'state_dict': {}, 'meta': {'dataset_meta': {'CLASSES': ('disc', 'box')}}}, checkpoint)
-    model = build_model(Config.fromfile(SEG_CONFIG), str(checkpoint))
+    model = build_model(load_config(SEG_CONFIG), str(checkpoint))
     assert model.dataset_meta['classes'] == ('disc', 'box') and len(model.dataset_meta['palette']) == 5
 
 
@@ -174,7 +174,7 @@ def test_demo_names_the_classes_of_the_checkpoint(tmp_path):
     classes = ('sky', 'disc', 'box', 'tri', 'star')
     checkpoint = tmp_path / 'meta_only.pth'
     torch.save({'state_dict': {}, 'meta': {'dataset_meta': {'classes': classes}}}, checkpoint)
-    result = run_tool(['demo.py', str(image), SEG_CONFIG, str(checkpoint), '--out', str(tmp_path / 'out.png'),
+    result = call_tool(['demo.py', str(image), SEG_CONFIG, str(checkpoint), '--out', str(tmp_path / 'out.png'),
                        '--device', 'cpu'], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     present = result.stdout.split('classes present: ')[1].strip().split(', ')
@@ -183,7 +183,7 @@ def test_demo_names_the_classes_of_the_checkpoint(tmp_path):
 
 
 def test_auto_scale_lr_needs_a_base_batch_size(tmp_path):
-    result = run_tool(['train.py', DET_CONFIG, '--auto-scale-lr'], cwd=tmp_path)
+    result = call_tool(['train.py', DET_CONFIG, '--auto-scale-lr'], cwd=tmp_path)
     assert result.returncode == 2
     assert 'has no auto_scale_lr.base_batch_size' in result.stderr
 
@@ -201,7 +201,7 @@ def test_a_checkpoint_that_would_run_code_is_refused_on_every_path(builtin_works
                      'model.backbone.init_cfg.type=Pretrained',
                      f'model.backbone.init_cfg.checkpoint={hostile}'],
     }[entry]
-    result = run_tool([*args, '--work-dir', str(tmp_path / 'work')],
+    result = call_tool([*args, '--work-dir', str(tmp_path / 'work')],
                       cwd=builtin_workspace)
     assert result.returncode == 2, result.stderr[-3000:]
     assert f"error: refused to load '{hostile}'" in result.stderr and 'Traceback' not in result.stderr
@@ -209,7 +209,7 @@ def test_a_checkpoint_that_would_run_code_is_refused_on_every_path(builtin_works
 
 
 def test_a_truncated_checkpoint_is_explained(builtin_workspace, tmp_path):
-    result = run_tool(['test.py', SEG_CONFIG, truncated_checkpoint(tmp_path), '--work-dir', str(tmp_path / 'work')],
+    result = call_tool(['test.py', SEG_CONFIG, truncated_checkpoint(tmp_path), '--work-dir', str(tmp_path / 'work')],
                       cwd=builtin_workspace)
     assert result.returncode == 2, result.stderr[-3000:]
     assert 'it is truncated or corrupted' in result.stderr and 'Traceback' not in result.stderr
@@ -220,7 +220,7 @@ def test_a_truncated_checkpoint_is_explained(builtin_workspace, tmp_path):
     ('model.backbone.frozen_stages=9', 'error: MALA: frozen_stages must be in [-1, 4], got 9'),
 ])
 def test_backbone_arguments_that_cannot_build_a_mala_are_one_line(builtin_workspace, tmp_path, option, message):
-    result = run_tool(['train.py', SEG_CONFIG, '--work-dir', str(tmp_path / 'work'), '--cfg-options', option],
+    result = call_tool(['train.py', SEG_CONFIG, '--work-dir', str(tmp_path / 'work'), '--cfg-options', option],
                       cwd=builtin_workspace)
     assert result.returncode == 2, result.stderr[-3000:]
     assert message in result.stderr and 'Traceback' not in result.stderr
@@ -248,7 +248,7 @@ def test_slurm_launchers_start_one_task_per_gpu(tmp_path, tool, args, expected):
 @pytest.mark.parametrize('config', ['detection/mask_rcnn_mala_s.py', 'detection/cascade_mask_rcnn_mala_s_3x.py',
                                     'segmentation/upernet_mala_s.py'])
 def test_every_syncbn_of_a_paper_config_becomes_bn_for_cpu_processes(config):
-    cfg = Config.fromfile(f'{ROOT}/configs/{config}')
+    cfg = load_config(f'{ROOT}/configs/{config}')
     assert 'SyncBN' in str(cfg.model)
     changes = sync_bn_to_bn(cfg.model)
     assert changes and 'SyncBN' not in str(cfg.model) and "'BN'" in str(cfg.model)
@@ -257,7 +257,7 @@ def test_every_syncbn_of_a_paper_config_becomes_bn_for_cpu_processes(config):
 
 
 def test_optim_wrapper_follows_the_device():
-    paper = Config.fromfile(f'{ROOT}/configs/detection/mask_rcnn_mala_s.py').optim_wrapper
+    paper = load_config(f'{ROOT}/configs/detection/mask_rcnn_mala_s.py').optim_wrapper
     assert (paper.type, paper.loss_scale) == ('AmpOptimWrapper', 512.)
     on_cpu = paper.copy()
     changes = fit_optim_wrapper_to_device(on_cpu, amp=False, cuda=False)
