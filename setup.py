@@ -28,7 +28,8 @@ setup(
         'setuptools<82',
     ],
     extras_require={
-        'tests': ['pytest>=7', 'matplotlib'],
+        # pytest-xdist: tools/run_tests.sh runs the test files on one worker per core
+        'tests': ['pytest>=7', 'pytest-xdist>=3', 'matplotlib'],
         # tools/export_onnx.py: onnxscript is what torch.onnx.export's default (dynamo) exporter needs
         'deploy': ['onnx>=1.16', 'onnxruntime>=1.18', 'onnxscript>=0.2'],
     },

@@ -70,6 +70,14 @@ def pytest_report_header(config):
             f'torch {torch.__version__}, mmcv {mmcv.__version__} ({mmcv_source})']
 
 
+def pytest_configure(config):
+    """Under pytest-xdist, each worker's torch takes its share of the cores, so that the workers' matmuls do not
+    contend for them."""
+    workers = int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', 1))
+    if workers > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
 _SECONDS_BY_FILE = collections.Counter()
 _SESSION_START = []
 

@@ -13,7 +13,7 @@ from mmengine.optim import build_optim_wrapper
 from mmengine.registry import PARAM_SCHEDULERS, init_default_scope
 from torch import nn
 
-from conftest import BUILTIN_CONFIGS, CONFIG_ROOT, LEAF_CONFIGS, ROOT, load_config
+from conftest import BUILTIN_CONFIGS, CONFIG_ROOT, LEAF_CONFIGS, load_config
 from mala_mm.cli import model_zoo
 from mala_mm import MALA
 from mala_mm.sample_inputs import data_samples
@@ -85,7 +85,8 @@ def _flat_tensors(outputs):
 
 # the model-zoo entry of each paper config, by its path relative to CONFIG_ROOT
 ZOO_ENTRIES = {entry['Config'].split('configs/', 1)[1]: entry
-               for metafile in model_zoo.load_metafiles(f'{ROOT}/model-index.yml') for entry in metafile['Models']}
+               for metafile in model_zoo.load_metafiles(CONFIG_ROOT.parent / 'model-index.yml')
+               for entry in metafile['Models']}
 
 
 @pytest.fixture(scope='module', params=list(config_params()))

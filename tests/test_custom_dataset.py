@@ -1,6 +1,6 @@
 """docs/custom_dataset.md's two configs, as the page writes them, fine-tune MALA-S from ImageNet-format weights on
 small datasets of their own classes (made here, in the page's layouts) through tools/train.py, and evaluate
-through tools/test.py; the README's Python inference (mmdet's DetInferencer and init_detector /
+through tools/test.py; the page's Python inference (mmdet's DetInferencer and init_detector /
 inference_detector, mmseg's MMSegInferencer and init_model / inference_model) predicts on the trained checkpoints
 what tools/test.py predicted."""
 import json
@@ -14,7 +14,7 @@ import pytest
 import torch
 from mmengine.config import Config
 
-from conftest import ROOT, call_tool
+from conftest import ROOT, run_tool
 from mala_mm import MALA
 
 pytestmark = pytest.mark.slow
@@ -104,7 +104,7 @@ def workspace(tmp_path_factory):
 
 
 def run(args, cwd):
-    result = call_tool(args, cwd)
+    result = run_tool(args, cwd)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     return output

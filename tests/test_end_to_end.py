@@ -21,9 +21,11 @@ SEG_CONFIG = osp.join(ROOT, 'configs/segmentation/upernet_mala_t_builtin.py')
 AMP_CONFIG = osp.join(ROOT, 'tests/data/upernet_mala_narrow_64px_builtin.py')
 NPROC = '2'
 DET_ITERS = 150
-DET_MIN_AP = 0.5
-OTHER_DET_MIN_AP = 0.3
+DET_MIN_AP = 0.3
+OTHER_DET_MIN_AP = 0.2
 SEG_ITERS = 100
+# mIoU points above a model that predicts the background everywhere, and above the untrained model
+SEG_MIN_GAIN = 30.0
 RESUME_ITERS = 10
 AMP_ITERS = 300
 # what DDP says at each step where a gradient's strides differ from its parameter's
@@ -78,11 +80,10 @@ def background_only_miou(workspace):
 def test_detection_trains_evaluates_and_learns(builtin_workspace):
     """Mask R-CNN MALA-T from scratch, 2 processes: COCO box and mask AP above DET_MIN_AP after DET_ITERS.
 
-    The margin: this run (seed 0) scored box / mask AP 0.755 / 0.874, the demo's 500-iteration run 0.86-0.89 /
-    0.89-0.93 over seeds 0, 1, 2.
-    0.5 is far below that, and far above what a detector whose RoI heads get scrambled features (channels-last
-    maps that mmcv's RoIAlign reads as NCHW memory) reaches: 0.006 / 0.001 after 100 iterations, where a working
-    one has 0.33 / 0.55.
+    The margin: this run (seed 0) scored box / mask AP 0.507 / 0.738 after 150 iterations (0.755 / 0.874 after
+    300), the demo's 500-iteration run 0.86-0.89 / 0.89-0.93 over seeds 0, 1, 2. 0.3 is well below that, and
+    fifty times what a detector whose RoI heads get scrambled features (channels-last maps that mmcv's RoIAlign
+    reads as NCHW memory) reaches: 0.006 / 0.001 after 100 iterations, where a working one has 0.33 / 0.55.
     """
     work_dir = builtin_workspace / 'work_dirs' / 'mask_rcnn_mala_t_builtin'
     output = run(['dist_train.sh', DET_CONFIG, NPROC, *short_schedule(DET_ITERS),
@@ -125,10 +126,11 @@ def test_segmentation_trains_evaluates_learns_and_resumes(builtin_workspace):
                         ['mIoU', 'aAcc'])
     print(f'segmentation after {SEG_ITERS} iterations: {trained}; at initialisation: {untrained}')
     # a model that learnt only the class prior labels everything background, for an mIoU of P over the five
-    # classes. Of an mIoU of P + 40 the background's IoU gives 20 points at most: the four shapes must average an
-    # IoU of at least (P + 20) * 5 / 4
-    assert trained['mIoU'] > background_only_miou(builtin_workspace) + 40.0
-    assert trained['mIoU'] > untrained['mIoU'] + 40.0
+    # classes (P = 17.0 on the validation maps). Of an mIoU of P + 30 the background's IoU gives 20 points at most:
+    # the four shapes must average an IoU of at least (P + 10) * 5 / 4. This run (seed 0) scored 63.7 after 100
+    # iterations, its untrained model 8.5.
+    assert trained['mIoU'] > background_only_miou(builtin_workspace) + SEG_MIN_GAIN
+    assert trained['mIoU'] > untrained['mIoU'] + SEG_MIN_GAIN
 
     # resume from the checkpoint (optimizer, scheduler and message hub included) and go on
     output = run(['dist_train.sh', SEG_CONFIG, NPROC, '--resume', str(checkpoint),
@@ -169,8 +171,9 @@ def test_bf16_mixed_precision_training_stays_finite_and_learns(builtin_workspace
 def test_retinanet_and_cascade_mask_rcnn_learn(builtin_workspace, config, iters, metric_names):
     """The other two detectors of the paper, MALA-T from scratch in one process, evaluated at the end of
     training: every COCO AP above OTHER_DET_MIN_AP. An untrained detector scores about 0 (below 0.005 AP50 in
-    the Mask R-CNN test above); COCO AP averages over IoU thresholds 0.5 to 0.95, so 0.3 needs most shapes found
-    and boxed tightly."""
+    the Mask R-CNN test above); COCO AP averages over IoU thresholds 0.5 to 0.95, so 0.2 needs many shapes found
+    and boxed tightly. This run (seed 0) scored box AP 0.328 (RetinaNet) and box / mask AP 0.414 / 0.425
+    (Cascade) after 120 iterations."""
     work_dir = builtin_workspace / 'work_dirs' / config[:-3]
     output = run(['train.py', osp.join(ROOT, 'configs/detection', config), '--work-dir', str(work_dir),
                   '--cfg-options', f'train_cfg.max_iters={iters}', f'train_cfg.val_interval={iters}',

@@ -212,6 +212,7 @@ def test_slurm_launchers_check_the_interpreter_before_submitting(tmp_path):
     assert 'error: this machine has 8 NVIDIA GPUs' in result.stderr
 
 
+@pytest.mark.slow  # a training run
 def test_launchers_run_the_repository_venv_from_a_new_shell(builtin_workspace, tmp_path):
     """In a new shell (PYTHON unset, no environment active) whose `python` has no torch, dist_train.sh still
     trains: it takes the repository's .venv, which tools/setup_env.sh made."""

@@ -100,6 +100,7 @@ def test_the_data_root_hint_names_every_key_that_holds_the_location(tmp_path):
             'test_evaluator.ann_file=PATH/annotations/instances_val2017.json') in str(raised.value)
 
 
+@pytest.mark.slow  # a training run with its evaluation
 def test_the_hinted_options_point_the_tools_at_the_dataset(builtin_workspace, tmp_path):
     """The options of the hint, with PATH the dataset's folder, are all a run needs: a config that expects the
     built-in dataset under data/shapes/ trains and evaluates through them on a copy of it elsewhere."""

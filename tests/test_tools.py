@@ -37,6 +37,7 @@ def test_missing_dataset_names_the_folder_and_the_command(config, tmp_path):
     assert 'Traceback' not in result.stderr
 
 
+@pytest.mark.slow  # two processes through torchrun
 @pytest.mark.parametrize('slow_rank', ['0', '1'])
 def test_missing_dataset_through_the_launcher(tmp_path, slow_rank):
     """One process checks the dataset and the job stops with its message printed once, whichever process is

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Set up .venv (tools/setup_env.sh) and run the test suite; extra arguments go to pytest,
-# e.g. `tools/run_tests.sh -m "not slow"` for the fast subset.
+# e.g. `tools/run_tests.sh -m "not slow"` for the fast subset, `-n 0` for one process.
+#
+# pytest-xdist runs it on one worker per core (at most 4), each test file on one worker, so that the training
+# runs a file's tests share are made once (docs/get_started.md#the-test-suite).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$ROOT/tools/setup_env.sh"
 cd "$ROOT"
-exec "$ROOT/.venv/bin/python" -m pytest "$@"
+exec "$ROOT/.venv/bin/python" -m pytest -n auto --maxprocesses 4 --dist loadfile "$@"
