@@ -78,6 +78,7 @@ def pytest_configure(config):
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
+@pytest.hookimpl(trylast=True)  # after pytest has grouped the tests by their fixtures' parameters
 def pytest_collection_modifyitems(items):
     """The slow tests first, each file's in its order: under pytest-xdist, which hands out whole files in this
     order, the files with the long runs start at once, and the short ones fill the workers' time around them."""
