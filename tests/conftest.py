@@ -174,9 +174,9 @@ def run_tool(args, cwd, timeout=1800, **env) -> subprocess.CompletedProcess:
 def call_tool(args, cwd, **env) -> subprocess.CompletedProcess:
     """Run ``tools/<args[0]>`` (a ``.py`` tool) in this process, as ``python tools/<args[0]> args[1:]`` would run it
     from ``cwd`` with the environment of :func:`tool_env` and ``env``: its exit status, as a process would end with
-    it, and what it printed. For the tools' refusals, which stop before any run: the interpreter and the stack are
-    imported once for the suite, not once per call. Tests of what only a process shows (a launcher, a kill, a
-    traceback on the real stderr) use :func:`run_tool`."""
+    it, and what it printed. For the tools' refusals and short runs: the interpreter and the stack are imported
+    once for the suite, not once per call (3-5 s each). Tests of what only a process shows (a launcher, a kill, a
+    fresh interpreter) use :func:`run_tool`."""
     tool = os.path.join(ROOT, 'tools', args[0])
     assert tool.endswith('.py'), f'{args[0]}: only Python tools run in-process'
     out, err = io.StringIO(), io.StringIO()
@@ -204,16 +204,18 @@ def call_tool(args, cwd, **env) -> subprocess.CompletedProcess:
 
 @contextlib.contextmanager
 def _mmengine_instances_of_its_own():
-    """mmengine's named global instances (loggers, message hubs, visualizers, default scopes) as they were before,
-    once the block ends: what a tool's process takes with it when it exits. A Runner reuses an instance of the
-    name it asks for, and mmdet's and mmseg's configs name their visualizer alike: a second run in this process
-    would write into the first run's folder."""
+    """None of mmengine's named global instances (loggers, message hubs, visualizers, default scopes) in the block,
+    as in a new process, and those of before once it ends: what a tool's process takes with it when it exits. A
+    Runner reuses an instance of the name it asks for, and mmdet's and mmseg's configs and inferencers name their
+    visualizer alike: a run in this process would write into the folder of an earlier one."""
     def manager_classes(cls=ManagerMixin):
         for subclass in cls.__subclasses__():
             yield subclass
             yield from manager_classes(subclass)
 
     before = {cls: dict(cls._instance_dict) for cls in manager_classes()}
+    for cls in before:
+        cls._instance_dict.clear()
     try:
         yield
     finally:
