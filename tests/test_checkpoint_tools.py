@@ -15,7 +15,7 @@ DET_CKPT = os.path.join(DATA_DIR, 'official_det_ckpt.pth')
 DET_IO = os.path.join(DATA_DIR, 'official_det_io.pth')
 
 
-def run_tool(name, *args):
+def checkpoint_tool(name, *args):
     return call_tool([name, *map(str, args)], REPO)
 
 
@@ -48,7 +48,7 @@ def classification_ckpt(tmp_path, small_arch):
 
 def test_dense_checkpoint_converts_to_a_plain_state_dict_giving_the_same_outputs(tmp_path, release_io):
     converted = tmp_path / 'backbone.pth'
-    result = run_tool('convert_checkpoint.py', DET_CKPT, converted)
+    result = checkpoint_tool('convert_checkpoint.py', DET_CKPT, converted)
     assert result.returncode == 0, result.stderr
     assert 'kept: 181 tensors' in result.stdout
     assert "renamed: 181 keys 'backbone.*' -> '*'" in result.stdout
@@ -72,7 +72,7 @@ def test_dense_checkpoint_converts_to_a_plain_state_dict_giving_the_same_outputs
 @pytest.mark.parametrize('ema', [False, True])
 def test_classification_checkpoint_converts_without_its_head(tmp_path, small_arch, classification_ckpt, ema):
     converted = tmp_path / 'backbone.pth'
-    result = run_tool('convert_checkpoint.py', classification_ckpt, converted, *['--ema'] * ema)
+    result = checkpoint_tool('convert_checkpoint.py', classification_ckpt, converted, *['--ema'] * ema)
     assert result.returncode == 0, result.stderr
     assert 'dropped tensors: 4: head.* (2), norm.* (1), proj.* (1)' in result.stdout
     assert 'renamed' not in result.stdout
@@ -89,11 +89,11 @@ def test_converter_explains_what_it_cannot_convert(tmp_path):
     truncated = tmp_path / 'truncated.pth'
     data = Path(DET_CKPT).read_bytes()
     truncated.write_bytes(data[:len(data) // 2])
-    result = run_tool('convert_checkpoint.py', truncated, tmp_path / 'out.pth')
+    result = checkpoint_tool('convert_checkpoint.py', truncated, tmp_path / 'out.pth')
     assert result.returncode != 0
     assert 'cannot read checkpoint' in result.stderr and 'Traceback' not in result.stderr
 
-    result = run_tool('convert_checkpoint.py', DET_CKPT, tmp_path / 'out.pth', '--ema')
+    result = checkpoint_tool('convert_checkpoint.py', DET_CKPT, tmp_path / 'out.pth', '--ema')
     assert result.returncode != 0
     assert 'no `model_ema` state dict' in result.stderr and 'Traceback' not in result.stderr
     assert not (tmp_path / 'out.pth').exists()
@@ -108,13 +108,13 @@ def release_arch_config(tmp_path, release_io):
 
 
 def test_verify_accepts_the_checkpoint_of_its_arch(release_arch_config):
-    result = run_tool('verify_checkpoint.py', DET_CKPT, '--config', release_arch_config)
+    result = checkpoint_tool('verify_checkpoint.py', DET_CKPT, '--config', release_arch_config)
     assert result.returncode == 0, result.stderr
     assert ': fits (181 keys matched)' in result.stdout
 
 
 def test_verify_rejects_another_arch_naming_the_shapes():
-    result = run_tool('verify_checkpoint.py', DET_CKPT, '--arch', 'tiny')
+    result = checkpoint_tool('verify_checkpoint.py', DET_CKPT, '--arch', 'tiny')
     assert result.returncode == 2
     assert 'tiny: does not fit' in result.stdout
     assert 'patch_embed.proj.0.weight: checkpoint (16, 3, 3, 3), model (32, 3, 3, 3)' in result.stdout
@@ -130,7 +130,7 @@ def test_verify_rejects_another_arch_naming_the_shapes():
 def test_verify_explains_a_config_backbone_it_cannot_build(tmp_path, backbone, message):
     config = tmp_path / 'backbone.py'
     config.write_text(f'model = dict(backbone={backbone})\n')
-    result = run_tool('verify_checkpoint.py', DET_CKPT, '--config', config)
+    result = checkpoint_tool('verify_checkpoint.py', DET_CKPT, '--config', config)
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith('error: ')]
     assert len(errors) == 1 and errors[0].startswith(message.format(config=config))
@@ -142,7 +142,7 @@ def test_verify_reports_missing_blocks(tmp_path, release_arch_config):
     truncated = {k: v for k, v in state.items() if not k.startswith('backbone.layers.1.blocks.1.')}
     path = tmp_path / 'truncated.pth'
     torch.save(truncated, path)
-    result = run_tool('verify_checkpoint.py', path, '--config', release_arch_config)
+    result = checkpoint_tool('verify_checkpoint.py', path, '--config', release_arch_config)
     assert result.returncode == 2
     assert 'does not fit' in result.stdout
     assert 'missing from the checkpoint' in result.stdout and 'layers.1.blocks.1.' in result.stdout
@@ -152,7 +152,7 @@ def test_verify_accepts_an_imagenet_checkpoint_missing_only_the_output_norms(tmp
     weights = {k: v for k, v in MALA(arch='tiny').state_dict().items() if not k.startswith('extra_norms.')}
     path = tmp_path / 'mala_t_in1k.pth'
     torch.save({'model': {**weights, 'head.weight': torch.zeros(1000, 2048)}}, path)
-    result = run_tool('verify_checkpoint.py', path)
+    result = checkpoint_tool('verify_checkpoint.py', path)
     assert result.returncode == 0, result.stderr
     assert 'tiny: fits' in result.stdout and 'small: does not fit' in result.stdout
     assert 'missing from the checkpoint (8): extra_norms.0.norm.weight' in result.stdout
