@@ -71,18 +71,32 @@ def pytest_report_header(config):
 
 
 def pytest_configure(config):
-    """Under pytest-xdist, each worker's torch takes its share of the cores, so that the workers' matmuls do not
-    contend for them."""
+    """Under pytest-xdist, each worker's torch, and each tool process it starts, takes the worker's share of the
+    cores: with more threads than cores, OpenMP threads wait for each other (the bf16 training of
+    tests/test_end_to_end.py, 39 s on its own, took 155 s beside another worker with 2 threads each)."""
     workers = int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', 1))
     if workers > 1:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+        share = max(1, (os.cpu_count() or 1) // workers)
+        torch.set_num_threads(share)
+        os.environ.setdefault('OMP_NUM_THREADS', str(share))
+
+
+# The files that take longest, longest first (seconds in `.ci/run` on 2 cores: docs/get_started.md#the-test-suite).
+# The suite's wall time is at least that of its longest file, which therefore has to start at once.
+LONGEST_FILES = ('test_end_to_end.py', 'test_custom_dataset.py', 'test_bundle.py', 'test_export.py',
+                 'test_cluster.py', 'test_compile.py')
 
 
 @pytest.hookimpl(trylast=True)  # after pytest has grouped the tests by their fixtures' parameters
 def pytest_collection_modifyitems(items):
-    """The slow tests first, each file's in its order: under pytest-xdist, which hands out whole files in this
-    order, the files with the long runs start at once, and the short ones fill the workers' time around them."""
-    items.sort(key=lambda item: item.get_closest_marker('slow') is None)
+    """The longest files first, then the other slow tests, each file's in its order: under pytest-xdist, which
+    hands out whole files in this order, the long runs start at once and the short ones fill the workers' time
+    around them."""
+    def rank(item):
+        name = item.path.name
+        return (LONGEST_FILES.index(name) if name in LONGEST_FILES else len(LONGEST_FILES),
+                item.get_closest_marker('slow') is None)
+    items.sort(key=rank)
 
 
 _SECONDS_BY_FILE = collections.Counter()
