@@ -172,13 +172,15 @@ CPU_ONLY = dict(CUDA_VISIBLE_DEVICES='', MALA_MM_ALLOW_CPU='1')
 
 
 def tool_env(**env) -> dict:
-    """The environment of a tool run: this interpreter, on CPU, a free port for distributed runs."""
-    return {**os.environ, 'PYTHON': sys.executable, 'PORT': free_port(), **CPU_ONLY, **env}
+    """The environment of a tool run: this interpreter, on CPU, and no PORT, so that single-node launches let
+    torchrun choose a free port, as a user's do."""
+    inherited = {key: value for key, value in os.environ.items() if key != 'PORT'}
+    return {**inherited, 'PYTHON': sys.executable, **CPU_ONLY, **env}
 
 
 def run_tool(args, cwd, timeout=1800, **env) -> subprocess.CompletedProcess:
     """Run ``tools/<args[0]>`` as a user would: ``.py`` tools with this interpreter, ``.sh`` ones with PYTHON set
-    to it; distributed runs get a free port."""
+    to it."""
     tool = os.path.join(ROOT, 'tools', args[0])
     command = [sys.executable, tool, *args[1:]] if tool.endswith('.py') else ['bash', tool, *args[1:]]
     env = tool_env(**env)

@@ -99,16 +99,27 @@ def test_two_nodes_train_and_evaluate_as_one_node_and_report_the_saved_models_me
     saved = safe_load(str(checkpoint))['state_dict']
     assert ranks[0] and all(torch.equal(ranks[0][k], ranks[1][k]) and torch.equal(ranks[0][k], saved[k])
                             for k in ranks[0])
-    tested = run_ok(['dist_test.sh', CONFIG, str(checkpoint), '2', '--work-dir', str(one_node / 'test')],
-                    builtin_workspace)
-    # the validation at the end of training and a test of the checkpoint saved at that iteration agree
-    assert miou(trained) == miou(tested)
-
     run_two_nodes(['dist_train.sh', CONFIG, '1', '--work-dir', str(two_nodes), *schedule()], builtin_workspace)
     assert_same_weights(checkpoint, two_nodes / f'iter_{ITERS}.pth')
     tested_on_two = run_two_nodes(['dist_test.sh', CONFIG, str(two_nodes / f'iter_{ITERS}.pth'), '1',
                                    '--work-dir', str(two_nodes / 'test')], builtin_workspace)
-    assert miou(tested_on_two) == miou(tested)
+    assert miou(tested_on_two) == miou(trained)
+
+
+def test_two_jobs_on_one_machine_both_run_and_test_what_training_validated(builtin_workspace, one_node):
+    """Two 2-process tools/dist_test.sh runs started together on this machine, neither given a PORT: both finish
+    (with one fixed port, the second stopped at start with EADDRINUSE), and each prints the mIoU that the
+    validation at the end of training printed for the checkpoint saved at that iteration."""
+    work_dir, _, trained = one_node
+    checkpoint = work_dir / f'iter_{ITERS}.pth'
+    jobs = [subprocess.Popen(['bash', osp.join(ROOT, 'tools', 'dist_test.sh'), CONFIG, str(checkpoint), '2',
+                              '--work-dir', str(work_dir / f'test_{job}')], cwd=builtin_workspace,
+                             env=tool_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for job in (0, 1)]
+    outputs = [job.communicate(timeout=600)[0] for job in jobs]
+    for job, output in zip(jobs, outputs):
+        assert job.returncode == 0, output[-4000:]
+        assert miou(output) == miou(trained)
 
 
 def test_a_killed_rank_is_restarted_and_resumes_to_the_uninterrupted_weights(builtin_workspace, one_node, tmp_path):

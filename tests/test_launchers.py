@@ -17,7 +17,7 @@ import mmcv
 import pytest
 import torch
 
-from conftest import ROOT, call_tool, free_port, run_tool, tool_env
+from conftest import ROOT, call_tool, run_tool, tool_env
 
 DET_CONFIG = osp.join(ROOT, 'configs/detection/mask_rcnn_mala_t_builtin.py')
 SEG_CONFIG = osp.join(ROOT, 'configs/segmentation/upernet_mala_t_builtin.py')
@@ -54,12 +54,11 @@ def cpu_torch(tmp_path) -> str:
 
 
 def launcher_env(tmp_path, **changes) -> dict:
-    """The environment of a new shell: no PYTHON, no active environment, no CPU opt-in, and NVIDIA probes that
+    """The environment of a new shell: no PYTHON, no active environment, no CPU opt-in, no PORT, and NVIDIA probes that
     find no GPU; then ``changes``."""
     env = {key: value for key, value in os.environ.items()
-           if key not in ('PYTHON', 'VIRTUAL_ENV', 'CONDA_PREFIX', 'MALA_MM_ALLOW_CPU')}
-    env.update(MALA_MM_NVIDIA_SMI='false', MALA_MM_NVIDIA_GPUS_DIR=str(tmp_path / 'no_nvidia_driver'),
-               PORT=free_port())
+           if key not in ('PYTHON', 'VIRTUAL_ENV', 'CONDA_PREFIX', 'MALA_MM_ALLOW_CPU', 'PORT')}
+    env.update(MALA_MM_NVIDIA_SMI='false', MALA_MM_NVIDIA_GPUS_DIR=str(tmp_path / 'no_nvidia_driver'))
     env.update(changes)
     return env
 
@@ -308,6 +307,28 @@ def fake_slurm(tmp_path, srun_body: str) -> dict:
 def calls(tmp_path, program: str) -> list:
     path = tmp_path / f'{program}.calls'
     return path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.mark.parametrize('variables, rendezvous', [
+    (dict(), '--standalone'),
+    (dict(MAX_RESTARTS='3'), '--standalone --max-restarts=3'),
+    (dict(PORT='29611'), '--nnodes=1 --node_rank=0 --master_addr=127.0.0.1 --master_port=29611'),
+    (dict(NNODES='2', NODE_RANK='1', MASTER_ADDR='10.0.0.1'),
+     '--nnodes=2 --node_rank=1 --master_addr=10.0.0.1 --master_port=29500'),
+    (dict(NNODES='2', MASTER_ADDR='10.0.0.1', PORT='29611', MAX_RESTARTS='3'),
+     '--nnodes=2 --rdzv-backend=c10d --rdzv-endpoint=10.0.0.1:29611 --rdzv-id=mala_mm --max-restarts=3'),
+])
+def test_one_node_without_port_lets_torchrun_choose_a_free_port(tmp_path, variables, rendezvous):
+    """The torchrun arguments of tools/dist_checks.sh's launch: on one node without PORT, --standalone (a free
+    port, so that two jobs on one machine both start); with several nodes or PORT, the nodes' meeting point."""
+    echo_python = executable(tmp_path / 'python', '#!/bin/sh\necho "$@"\n')
+    env = {key: value for key, value in os.environ.items()
+           if key not in ('PORT', 'NNODES', 'NODE_RANK', 'MASTER_ADDR', 'MAX_RESTARTS', 'RDZV_ID')}
+    result = subprocess.run(['bash', '-c', f'source {ROOT}/tools/dist_checks.sh && launch 2 train.py CONFIG'],
+                            env={**env, 'PYTHON': echo_python, **variables}, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ['-m', 'torch.distributed.run', '--nproc_per_node=2', *rendezvous.split(),
+                                     'train.py', 'CONFIG']
 
 
 @pytest.mark.parametrize('first_status, starts', [(1, 2), (2, 1)])

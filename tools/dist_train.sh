@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Usage: tools/dist_train.sh CONFIG GPUS [--max-restarts N] [tools/train.py options]
-# Environment: NNODES, NODE_RANK, MASTER_ADDR, PORT (multi-node), PYTHON, MALA_MM_ALLOW_CPU.
+# Environment: NNODES, NODE_RANK, MASTER_ADDR, PORT (multi-node; on one node torchrun chooses a free port
+# unless PORT is set), PYTHON, MALA_MM_ALLOW_CPU.
 # Interpreter: PYTHON if set, else the active environment's python ($VIRTUAL_ENV, else $CONDA_PREFIX), else the
 # repository's .venv, else python on PATH (tools/find_python.sh). The first line on stderr names it, its torch and
 # CUDA, and why it was chosen. On a machine with NVIDIA GPUs whose chosen torch cannot use them, the launcher

@@ -3,7 +3,7 @@
 #   environment (.venv) -> dataset -> MALA-T Mask R-CNN: train, COCO box/mask AP, a picture
 #                                   -> MALA-T UperNet:    train, mIoU, a picture
 #                                   -> what the trained MALA attends to, against softmax and linear attention
-# Environment: NPROC (processes, default 2), PORT (torchrun's port, default 29500), RETRAIN=1 (train again even
+# Environment: NPROC (processes, default 2), PORT (torchrun's port; default: a free one), RETRAIN=1 (train again even
 # where a trained checkpoint exists).
 # Each step's whole output goes to a log file in its work dir; the screen shows progress and the results.
 set -euo pipefail
