@@ -1,22 +1,27 @@
 """Loading released, dense and own checkpoints; refusing ones that do not fit or are not plain data."""
 import argparse
 import collections
+import functools
+import http.server
 import importlib
 import logging
 import os
 import subprocess
 import sys
+import threading
 import zipfile
 
 import numpy as np
 import pytest
 import torch
 from mmengine.logging import HistoryBuffer, MMLogger
+from mmdet.registry import MODELS
+from mmengine.registry import init_default_scope
 
-from conftest import DATA_DIR, OFFICIAL_LAYOUT_DIR
+from conftest import DATA_DIR, OFFICIAL_LAYOUT_DIR, ROOT, load_config
 from hostile_pickles import Calls, LooksUpAMethod, WritesAFile
 from mala_mm import MALA
-from mala_mm.checkpoint import CheckpointError, extract_backbone_state_dict, safe_load
+from mala_mm.checkpoint import CheckpointError, CheckpointNotFoundError, extract_backbone_state_dict, safe_load
 
 DET_CKPT = os.path.join(DATA_DIR, 'official_det_ckpt.pth')
 
@@ -54,16 +59,23 @@ def pretrained(model_cls_kwargs, path):
     return model
 
 
-def test_loads_release_classification_checkpoint(tmp_path, small_arch):
-    source = MALA(arch=small_arch)
+def save_release_classification_checkpoint(path, arch) -> dict:
+    """A file at ``path`` as the release's ImageNet trainer saves it, of a random MALA of ``arch`` with its
+    classification head; returns its weights."""
+    source = MALA(arch=arch)
     source.init_weights()
     weights = {k: v for k, v in source.state_dict().items() if not k.startswith('extra_norms.')}
     weights.update({'proj.weight': torch.randn(128, 64, 1, 1), 'norm.weight': torch.ones(128),
                     'head.weight': torch.randn(1000, 128, 1, 1), 'head.bias': torch.zeros(1000)})
-    path = tmp_path / 'mala_in1k.pth'
     torch.save({'model': weights, 'model_ema': weights, 'optimizer': {'state': {}, 'param_groups': []},
                 'lr_scheduler': {'last_epoch': 299}, 'epoch': 299, 'scaler': {'scale': 65536.0},
                 'args': argparse.Namespace(model='MALA_T', lr=1e-3, input_size=224, aa='rand-m9-mstd0.5')}, path)
+    return weights
+
+
+def test_loads_release_classification_checkpoint(tmp_path, small_arch):
+    path = tmp_path / 'mala_in1k.pth'
+    weights = save_release_classification_checkpoint(path, small_arch)
     records = []
     handler = logging.Handler()
     handler.emit = records.append
@@ -152,6 +164,65 @@ def test_loads_own_plain_state_dict(tmp_path, small_arch):
     x = torch.randn(1, 3, 40, 40)
     for a, b in zip(source.eval()(x), model.eval()(x)):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def web_folder(tmp_path, monkeypatch):
+    """A folder served over HTTP on the loopback address, and its URL; torch's download cache in tmp_path."""
+    folder = tmp_path / 'served'
+    folder.mkdir()
+    monkeypatch.setenv('TORCH_HOME', str(tmp_path / 'torch_home'))
+    monkeypatch.setenv('NO_PROXY', '127.0.0.1')
+    monkeypatch.setenv('no_proxy', '127.0.0.1')
+    server = http.server.ThreadingHTTPServer(('127.0.0.1', 0),
+                                             functools.partial(_QuietHandler, directory=str(folder)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield folder, f'http://127.0.0.1:{server.server_port}'
+    server.shutdown()
+    server.server_close()
+
+
+def backbone_from_config(checkpoint, arch):
+    """The backbone of the MALA-T Mask R-CNN config with ``arch``, its init_cfg's checkpoint ``checkpoint``,
+    initialised."""
+    cfg = load_config(os.path.join(ROOT, 'configs/detection/mask_rcnn_mala_t.py'))
+    cfg.model.backbone.arch = arch
+    cfg.model.backbone.init_cfg.checkpoint = checkpoint
+    init_default_scope(cfg.default_scope)
+    backbone = MODELS.build(cfg.model.backbone)
+    backbone.init_weights()
+    return backbone
+
+
+def test_a_config_loads_a_release_file_from_a_url_as_from_a_file(web_folder, small_arch):
+    """init_cfg's checkpoint as the release's files are published (https://huggingface.co/.../resolve/main/FILE):
+    downloaded once into torch's hub cache, then read by the same safe reading as a local file."""
+    folder, url = web_folder
+    weights = save_release_classification_checkpoint(folder / 'MALA_T.pth', small_arch)
+    for attempt in ('downloaded', 'cached'):
+        state = backbone_from_config(f'{url}/MALA_T.pth', small_arch).state_dict()
+        loaded = [key for key in weights if key in state]
+        assert len(loaded) == len(state) - 8, attempt  # all but the 4 output norms' weights and biases
+        assert all(torch.equal(state[key], weights[key]) for key in loaded), attempt
+        (folder / 'MALA_T.pth').unlink(missing_ok=True)  # the second load cannot download it
+
+
+def test_a_hostile_or_missing_file_at_a_url_is_refused_as_a_local_one(web_folder, small_arch, tmp_path):
+    folder, url = web_folder
+    marker = tmp_path / 'pwned'
+    torch.save({'model': {}, 'payload': Calls(os.system, (f'touch {marker}', ))}, folder / 'hostile.pth')
+    with pytest.raises(CheckpointError) as raised:
+        backbone_from_config(f'{url}/hostile.pth', small_arch)
+    assert str(raised.value).startswith(f"refused to load '{url}/hostile.pth': its pickle calls posix.system")
+    assert not marker.exists()
+    with pytest.raises(CheckpointNotFoundError, match=f"'{url}/absent.pth' could not be downloaded: HTTP Error 404"):
+        backbone_from_config(f'{url}/absent.pth', small_arch)
 
 
 def test_wrong_arch_is_a_clear_error():

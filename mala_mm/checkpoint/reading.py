@@ -9,6 +9,7 @@ import functools
 import os
 import pickle
 from typing import Dict, List
+from urllib.error import URLError
 from urllib.parse import urlparse
 
 import numpy as np
@@ -57,7 +58,10 @@ def _local_path(filename: str) -> str:
             os.makedirs(cache_dir, exist_ok=True)
             # a file of this process's own, moved into place whole: the processes of a job download at once
             partial = f'{path}.{os.getpid()}.part'
-            torch.hub.download_url_to_file(filename, partial)
+            try:
+                torch.hub.download_url_to_file(filename, partial)
+            except URLError as err:  # an HTTPError (404, 403, ...) too
+                raise CheckpointNotFoundError(f'checkpoint {filename!r} could not be downloaded: {err}') from None
             os.replace(partial, path)
         return path
     if not os.path.isfile(filename):
@@ -112,7 +116,7 @@ def safe_load(filename: str, map_location='cpu'):
     """``torch.load`` a local file or URL as data only.
 
     Raises:
-        CheckpointNotFoundError: no such file (a FileNotFoundError).
+        CheckpointNotFoundError: no such file, or a URL that could not be downloaded (a FileNotFoundError).
         CheckpointError: the file cannot be read (empty, text, truncated, a zip or pickle that is not a
             checkpoint), or its pickle names a global outside :data:`SAFE_GLOBALS` and torch's own allow-list
             (reported by name; nothing of it is executed). The message says which and what to do.
