@@ -7,7 +7,14 @@ setup(
     long_description=open('README.md', encoding='utf-8').read(),
     long_description_content_type='text/markdown',
     packages=find_packages(include=['mala_mm', 'mala_mm.*']),
-    python_requires='>=3.9',
+    # the Pythons the setup and the tests ran with (docs/get_started.md#tested-versions)
+    python_requires='>=3.11',
+    classifiers=[
+        'Programming Language :: Python :: 3.11',
+        'Programming Language :: Python :: 3.12',
+        'Programming Language :: Python :: 3.13',
+        'Operating System :: POSIX :: Linux',
+    ],
     install_requires=[
         # the floor measured (docs/get_started.md#tested-versions): torch 2.1, the torch of OpenMMLab's prebuilt
         # mmcv 2.1.0 wheels, so that an existing mmdet 3.x environment keeps its torch

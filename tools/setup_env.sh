@@ -28,7 +28,7 @@ TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 MMCV_VERSION=2.1.0
 CACHE="${MALA_MM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mala_mm}"
 # the Pythons the whole stack (mmcv's build included) has been set up and tested with (docs/get_started.md)
-SUPPORTED_PYTHONS="3.11"
+SUPPORTED_PYTHONS="3.11 3.12 3.13"
 
 log() { printf '[setup_env] %s\n' "$*" >&2; }
 
@@ -50,10 +50,10 @@ check_python() {
         exit 2
     fi
     if [[ " $SUPPORTED_PYTHONS " != *" $version "* ]]; then
-        log "error: $1 is Python $version, and the stack is set up and tested with Python $SUPPORTED_PYTHONS" \
-            "only (mmcv $MMCV_VERSION is built here from source): install Python ${SUPPORTED_PYTHONS%% *}" \
-            "(e.g. 'uv python install ${SUPPORTED_PYTHONS%% *}' or pyenv) and run again with" \
-            "PYTHON=python${SUPPORTED_PYTHONS%% *}"
+        local newest="${SUPPORTED_PYTHONS##* }"
+        log "error: $1 is Python $version, and the stack is set up and tested with Python" \
+            "${SUPPORTED_PYTHONS// /, } only (mmcv $MMCV_VERSION is built here from source): install Python" \
+            "$newest (e.g. 'uv python install $newest' or pyenv) and run again with PYTHON=python$newest"
         exit 2
     fi
 }
