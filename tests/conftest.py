@@ -83,8 +83,8 @@ def pytest_configure(config):
 
 # The files that take longest, longest first (seconds in `.ci/run` on 2 cores: docs/get_started.md#the-test-suite).
 # The suite's wall time is at least that of its longest file, which therefore has to start at once.
-LONGEST_FILES = ('test_end_to_end.py', 'test_custom_dataset.py', 'test_bundle.py', 'test_export.py',
-                 'test_cluster.py', 'test_compile.py')
+LONGEST_FILES = ('test_end_to_end.py', 'test_custom_dataset.py', 'test_bundle.py', 'test_cluster.py',
+                 'test_export.py', 'test_compile.py')
 
 
 @pytest.hookimpl(trylast=True)  # after pytest has grouped the tests by their fixtures' parameters
