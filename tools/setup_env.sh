@@ -28,7 +28,10 @@ TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 MMCV_VERSION=2.1.0
 CACHE="${MALA_MM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mala_mm}"
 # the Pythons the whole stack (mmcv's build included) has been set up and tested with (docs/get_started.md)
-SUPPORTED_PYTHONS="3.11 3.12 3.13"
+SUPPORTED_PYTHONS="3.11 3.12"
+# why a newer Python fails, where a setup with it was tried
+UNSUPPORTED_BECAUSE_313="mmcv $MMCV_VERSION's setup.py stops on it with KeyError: '__version__' (its get_version reads\
+ what exec defined back through locals(), which Python 3.13 no longer updates)"
 
 log() { printf '[setup_env] %s\n' "$*" >&2; }
 
@@ -50,8 +53,9 @@ check_python() {
         exit 2
     fi
     if [[ " $SUPPORTED_PYTHONS " != *" $version "* ]]; then
-        local newest="${SUPPORTED_PYTHONS##* }"
-        log "error: $1 is Python $version, and the stack is set up and tested with Python" \
+        local newest="${SUPPORTED_PYTHONS##* }" why="UNSUPPORTED_BECAUSE_${version//./}" reason=","
+        [[ -n "${!why:-}" ]] && reason=": ${!why};"
+        log "error: $1 is Python $version$reason and the stack is set up and tested with Python" \
             "${SUPPORTED_PYTHONS// /, } only (mmcv $MMCV_VERSION is built here from source): install Python" \
             "$newest (e.g. 'uv python install $newest' or pyenv) and run again with PYTHON=python$newest"
         exit 2
@@ -207,8 +211,11 @@ unversioned_cudart() {
 # $MMCV_VERSION's setup.py passes -std=c++17 to g++ and nvcc, and torch >= 2.14 refuses anything below C++20.
 mmcv_source() {
     local into="$1" standard="$2"
-    "$PY" -m pip download --disable-pip-version-check -q --no-deps --no-binary mmcv --no-build-isolation \
-        -d "$into" "mmcv==$MMCV_VERSION" >&2
+    if ! "$PY" -m pip download --disable-pip-version-check -q --no-deps --no-binary mmcv --no-build-isolation \
+            -d "$into" "mmcv==$MMCV_VERSION" >&2; then
+        log "error: pip could not download mmcv $MMCV_VERSION's source (above: why)"
+        return 1
+    fi
     tar -xzf "$into/mmcv-$MMCV_VERSION.tar.gz" -C "$into"
     if [[ "$standard" != 17 ]]; then
         log "torch requires C++$standard; building mmcv with -std=c++$standard in place of its setup.py's c++17"
@@ -233,7 +240,7 @@ build_mmcv() {
     mkdir -p "$cached_dir"
     build_dir="$(mktemp -d)"
     build_log="$cached_dir/build.log"
-    source="$(mmcv_source "$build_dir" "$standard")"
+    source="$(mmcv_source "$build_dir" "$standard")" || exit 1
     log "building mmcv $MMCV_VERSION with its ops from source (CPU ops: 15-30 minutes on 2 cores; CUDA ops: much" \
         "longer); whole output: $build_log"
     MMCV_WITH_OPS=1 FORCE_CUDA="$force_cuda" MAX_JOBS="${MAX_JOBS:-$(nproc)}" \
