@@ -49,19 +49,21 @@ split_max_restarts() {
 # torchrun with the multi-node settings upstream's scripts read from the environment.
 # - One node without PORT: torchrun's --standalone rendezvous on a free port of this machine, so that a second job
 #   on the machine (two 4-GPU jobs on an 8-GPU node, a test beside a training) does not collide with the first.
-# - Several nodes, or PORT set: the nodes meet at MASTER_ADDR:PORT (default 29500). MAX_RESTARTS > 0: torchrun restarts the
-#   process group that often after a process fails; the restarted processes must meet afresh, which the static
-#   rendezvous cannot do (they would connect to their predecessors' addresses), so such runs use the c10d
-#   rendezvous there (--standalone is one too).
+# - Several nodes, or PORT set: the nodes meet at MASTER_ADDR:PORT (default 29500). MAX_RESTARTS > 0: torchrun
+#   restarts the process group that often after a process fails; the restarted processes must meet afresh, which
+#   the static rendezvous cannot do (they would connect to their predecessors' addresses), so such runs use the
+#   c10d rendezvous there (--standalone is one too).
 launch() {
     local nproc="$1"; shift
-    local rendezvous=(--nnodes="${NNODES:-1}" --node_rank="${NODE_RANK:-0}" --master_addr="${MASTER_ADDR:-127.0.0.1}"
-                      --master_port="${PORT:-29500}")
+    local address="${MASTER_ADDR:-127.0.0.1}" port="${PORT:-29500}" rendezvous
     if [[ "${NNODES:-1}" == 1 && -z "${PORT:-}" ]]; then
         rendezvous=(--standalone)
     elif (( ${MAX_RESTARTS:-0} > 0 )); then
-        rendezvous=(--nnodes="${NNODES:-1}" --rdzv-backend=c10d --rdzv-endpoint="${MASTER_ADDR:-127.0.0.1}:${PORT:-29500}"
+        rendezvous=(--nnodes="${NNODES:-1}" --rdzv-backend=c10d --rdzv-endpoint="$address:$port"
                     --rdzv-id="${RDZV_ID:-mala_mm}")
+    else
+        rendezvous=(--nnodes="${NNODES:-1}" --node_rank="${NODE_RANK:-0}" --master_addr="$address"
+                    --master_port="$port")
     fi
     if (( ${MAX_RESTARTS:-0} > 0 )); then
         rendezvous+=(--max-restarts="$MAX_RESTARTS")
