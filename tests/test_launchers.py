@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-import mmcv
+import mmcv.ops
 import pytest
 import torch
 
@@ -273,7 +273,6 @@ def test_a_failed_download_of_mmcvs_source_stops_the_build_naming_it(tmp_path):
 def test_mmcv_works_runs_the_compiled_nms():
     """This stack's mmcv passes with the ops it was built with (CPU ops with a CUDA torch too, where the setup
     saw no GPU); one of another version is named as such."""
-    import mmcv.ops
     ops = 'cpu' if mmcv.ops.get_compiling_cuda_version() == 'not available' else 'cuda'
     result = setup_env_function(f'PY="$1" && mmcv_works {ops}', sys.executable)
     assert (result.returncode, result.stdout) == (0, ''), result.stdout + result.stderr
