@@ -36,21 +36,27 @@ def run_ok(args, cwd, **env):
     return output
 
 
+def run_together(launches, cwd):
+    """Launches, each ``(args, env)`` (a tools/ launcher with its arguments, and environment variables), started
+    at once; their outputs, every one having succeeded."""
+    processes = [subprocess.Popen(['bash', osp.join(ROOT, 'tools', args[0]), *args[1:]], cwd=cwd,
+                                  env=tool_env(PYTHONPATH=HOOKS_DIR, **env), stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
+                 for args, env in launches]
+    outputs = [process.communicate(timeout=1800)[0] for process in processes]
+    for process, output in zip(processes, outputs):
+        assert process.returncode == 0, output[-4000:]
+    return outputs
+
+
 def run_two_nodes(args, cwd):
     """``args`` started twice, as node 0 and node 1 of a two-node job with one process each."""
     port = free_port()
     # torchrun gives each process one thread only when it starts several per node; one thread here too keeps
     # every convolution's reduction order, and so the weights, those of the one-node run
-    nodes = [subprocess.Popen(['bash', osp.join(ROOT, 'tools', args[0]), *args[1:]], cwd=cwd,
-                              env=tool_env(PYTHONPATH=HOOKS_DIR, NNODES='2', NODE_RANK=str(rank),
-                                           MASTER_ADDR='127.0.0.1', PORT=port,
-                                           OMP_NUM_THREADS='1'),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    nodes = [(args, dict(NNODES='2', NODE_RANK=str(rank), MASTER_ADDR='127.0.0.1', PORT=port, OMP_NUM_THREADS='1'))
              for rank in (0, 1)]
-    outputs = [node.communicate(timeout=1800)[0] for node in nodes]
-    for node, output in zip(nodes, outputs):
-        assert node.returncode == 0, output[-4000:]
-    return outputs[0]
+    return run_together(nodes, cwd)[0]
 
 
 def miou(output):
@@ -112,14 +118,10 @@ def test_two_jobs_on_one_machine_both_run_and_test_what_training_validated(built
     validation at the end of training printed for the checkpoint saved at that iteration."""
     work_dir, _, trained = one_node
     checkpoint = work_dir / f'iter_{ITERS}.pth'
-    jobs = [subprocess.Popen(['bash', osp.join(ROOT, 'tools', 'dist_test.sh'), CONFIG, str(checkpoint), '2',
-                              '--work-dir', str(work_dir / f'test_{job}')], cwd=builtin_workspace,
-                             env=tool_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    jobs = [(['dist_test.sh', CONFIG, str(checkpoint), '2', '--work-dir', str(work_dir / f'test_{job}')], {})
             for job in (0, 1)]
-    outputs = [job.communicate(timeout=600)[0] for job in jobs]
-    for job, output in zip(jobs, outputs):
-        assert job.returncode == 0, output[-4000:]
-        assert miou(output) == miou(trained)
+    outputs = run_together(jobs, builtin_workspace)
+    assert [miou(output) for output in outputs] == [miou(trained)] * 2
 
 
 def test_a_killed_rank_is_restarted_and_resumes_to_the_uninterrupted_weights(builtin_workspace, one_node, tmp_path):

@@ -54,10 +54,11 @@ def cpu_torch(tmp_path) -> str:
 
 
 def launcher_env(tmp_path, **changes) -> dict:
-    """The environment of a new shell: no PYTHON, no active environment, no CPU opt-in, no PORT, and NVIDIA probes that
-    find no GPU; then ``changes``."""
+    """The environment of a new shell: no PYTHON, no active environment, no CPU opt-in, no multi-node or port
+    settings, and NVIDIA probes that find no GPU; then ``changes``."""
     env = {key: value for key, value in os.environ.items()
-           if key not in ('PYTHON', 'VIRTUAL_ENV', 'CONDA_PREFIX', 'MALA_MM_ALLOW_CPU', 'PORT')}
+           if key not in ('PYTHON', 'VIRTUAL_ENV', 'CONDA_PREFIX', 'MALA_MM_ALLOW_CPU', 'PORT', 'NNODES', 'NODE_RANK',
+                          'MASTER_ADDR', 'MAX_RESTARTS', 'RDZV_ID')}
     env.update(MALA_MM_NVIDIA_SMI='false', MALA_MM_NVIDIA_GPUS_DIR=str(tmp_path / 'no_nvidia_driver'))
     env.update(changes)
     return env
@@ -334,10 +335,9 @@ def test_one_node_without_port_lets_torchrun_choose_a_free_port(tmp_path, variab
     """The torchrun arguments of tools/dist_checks.sh's launch: on one node without PORT, --standalone (a free
     port, so that two jobs on one machine both start); with several nodes or PORT, the nodes' meeting point."""
     echo_python = executable(tmp_path / 'python', '#!/bin/sh\necho "$@"\n')
-    env = {key: value for key, value in os.environ.items()
-           if key not in ('PORT', 'NNODES', 'NODE_RANK', 'MASTER_ADDR', 'MAX_RESTARTS', 'RDZV_ID')}
     result = subprocess.run(['bash', '-c', f'source {ROOT}/tools/dist_checks.sh && launch 2 train.py CONFIG'],
-                            env={**env, 'PYTHON': echo_python, **variables}, capture_output=True, text=True)
+                            env=launcher_env(tmp_path, PYTHON=echo_python, **variables), capture_output=True,
+                            text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ['-m', 'torch.distributed.run', '--nproc_per_node=2', *rendezvous.split(),
                                      'train.py', 'CONFIG']

@@ -3,8 +3,9 @@
 # e.g. `tools/run_tests.sh -m "not slow"` for the fast subset, `-n 0` for one process.
 #
 # pytest-xdist runs it on one worker per core (at most 4), each test file on one worker, so that the training
-# runs a file's tests share are made once, handing out the files in the suite's order (slow tests first:
-# tests/conftest.py) rather than largest count of tests first (docs/get_started.md#the-test-suite).
+# runs a file's tests share are made once, handing out the files in the suite's order (the longest files first,
+# then the other slow ones: tests/conftest.py) rather than largest count of tests first
+# (docs/get_started.md#the-test-suite).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$ROOT/tools/setup_env.sh"
