@@ -1,25 +1,29 @@
 """Export an mmdet/mmseg model, or its backbone, to ONNX and check the graph in ONNX Runtime.
 
     python tools/export_onnx.py CONFIG [CHECKPOINT] --out FILE [--shape H W] [--dynamic] [--opset N]
-                                [--backbone-only | --nms] [--exporter dynamo|torchscript]
+                                [--backbone-only | --nms] [--exporter dynamo|torchscript] [--image FILE]
 
 The graph takes a (B, 3, H, W) float32 image, 0-255, channels as the config's pipeline loads them, and
 normalises it inside. After writing FILE the tool runs it in ONNX Runtime at the export size and, with
 --dynamic, at a size the export never saw (not a multiple of 32), prints the largest absolute and relative
-difference of every output from PyTorch and fails (exit 2) if any exceeds --tolerance (1e-4 relative).
+difference of every output from PyTorch and fails (exit 2) if any exceeds --tolerance (1e-4 relative). With
+--nms it compares the graph's detections with mmdet's ``predict`` and fails if they differ by more than the
+bounds of mala_mm.export.DETECTION_BOUNDS; --image checks on a picture with objects in it, not random pixels.
 """
 import argparse
 import importlib.util
-from typing import NoReturn
+import os
+from typing import List, NoReturn, Optional
 
 import torch
+from torch import nn
 from mmengine.config import DictAction
 
 from mala_mm.cli import build_model, fail, read_config, tool_main
 
 # how the export library's messages name its parameters, and the flags that set them here
 FLAGS = {'`shape`': '--shape', '`nms=True`': '--nms', '`backbone_only=True`': '--backbone-only',
-         "`exporter='torchscript'`": '--exporter torchscript'}
+         "`exporter='torchscript'`": '--exporter torchscript', '`opset`': '--opset'}
 
 
 def parse_args():
@@ -33,10 +37,13 @@ def parse_args():
     parser.add_argument('--dynamic', action='store_true', help='free batch size, height and width')
     parser.add_argument('--opset', type=int, default=18, help='ONNX opset (default 18)')
     parser.add_argument('--backbone-only', action='store_true', help="export the backbone's feature maps")
-    parser.add_argument('--nms', action='store_true', help='single-stage detectors: the graph returns the '
-                        "detections of one image (boxes, scores, labels), through ONNX's NonMaxSuppression")
+    parser.add_argument('--nms', action='store_true', help='detectors: the graph returns the detections of one '
+                        'image (boxes, scores, labels, and masks for Mask R-CNN and Cascade), through ONNX\'s '
+                        'NonMaxSuppression')
     parser.add_argument('--exporter', choices=['dynamo', 'torchscript'], default='dynamo',
                         help="torch.onnx.export's exporter (default: dynamo, torch's own default)")
+    parser.add_argument('--image', help='check on this picture (at its size, and resized to an unseen size with '
+                        '--dynamic), loaded as LoadImageFromFile loads it, instead of on random pixels')
     parser.add_argument('--tolerance', type=float, default=1e-4,
                         help='largest accepted max |onnx - torch| / max |torch| of any output')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
@@ -54,6 +61,26 @@ def default_shape(cfg, kind):
 def unseen_shape(height, width):
     """A size the export did not see and that is not a multiple of 32."""
     return height + 37, max(32, width - 21)
+
+
+def read_image(path: str) -> torch.Tensor:
+    """``path`` as LoadImageFromFile loads it (BGR), as a (1, 3, H, W) float32 batch."""
+    import cv2
+    image = cv2.imread(path, cv2.IMREAD_COLOR) if os.path.isfile(path) else None
+    if image is None:
+        fail(f'--image {path}: no such file, or not an image OpenCV reads')
+    return torch.from_numpy(image).permute(2, 0, 1)[None].float()
+
+
+def check_images(image: Optional[torch.Tensor], export_size, dynamic: bool, generator) -> List[torch.Tensor]:
+    """The (1, 3, H, W) images to compare on: random pixels at the export size, or ``image``; with ``dynamic``
+    also either at a size the export never saw."""
+    if image is None:
+        sizes = [export_size] + ([unseen_shape(*export_size)] if dynamic else [])
+        return [torch.rand(1, 3, *size, generator=generator) * 255 for size in sizes]
+    if not dynamic:
+        return [image]
+    return [image, nn.functional.interpolate(image, size=unseen_shape(*image.shape[2:]), mode='bilinear')]
 
 
 def fail_in_flags(err: Exception) -> NoReturn:
@@ -81,6 +108,7 @@ def main():
             check_shape(args.shape)
     except ExportError as err:
         fail_in_flags(err)
+    image = read_image(args.image) if args.image else None
     cfg = read_config(args.config, args.cfg_options)
     model = build_model(cfg, args.checkpoint)
     try:
@@ -93,16 +121,27 @@ def main():
                             exporter=args.exporter)
         print(f'wrote {args.out}: {module.kind}, input image (B, 3, H, W) float32 0-255, '
               f'outputs {", ".join(names)}')
-        sizes = [(height, width)] + ([unseen_shape(height, width)] if args.dynamic else [])
-        worst = 0.0
-        for size in sizes:
-            image = torch.rand(1, 3, *size, generator=generator) * 255
+        worst, beyond = 0.0, []
+        for image in check_images(image, (height, width), args.dynamic, generator):
+            size = f'{image.shape[2]}x{image.shape[3]}'
             for row in compare_in_onnxruntime(reference, args.out, image):
+                if 'measure' in row:  # detections, against mmdet's predict
+                    print(f'  input {size}  {row["output"]:<7} {str(row["shape"]):<16} {row["measure"]} '
+                          f'{row["value"]:.3g} (bound {row["bound"]:g})')
+                    if not row['within']:
+                        beyond.append(f'{row["output"]} {row["measure"]} {row["value"]:.3g} at {size}')
+                    continue
                 worst = max(worst, row['max_rel'])
-                print(f'  input {size[0]}x{size[1]}  {row["output"]:<14} {str(row["shape"]):<22} '
+                print(f'  input {size}  {row["output"]:<14} {str(row["shape"]):<22} '
                       f'max abs {row["max_abs"]:.3g}  max rel {row["max_rel"]:.3g}')
     except ExportError as err:
         fail_in_flags(err)
+    if beyond:
+        fail(f"ONNX Runtime's detections differ from mmdet's beyond the bounds: {'; '.join(beyond)} "
+             f'({args.out} is kept for inspection)')
+    if args.nms:
+        print("ONNX Runtime's detections match mmdet's predict within the bounds")
+        return
     if worst > args.tolerance:
         fail(f'ONNX Runtime differs from PyTorch by {worst:.3g} relative, more than --tolerance {args.tolerance:g} '
              f'({args.out} is kept for inspection)')

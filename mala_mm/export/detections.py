@@ -1,5 +1,5 @@
-"""A single-stage detector's detections in exportable operations: box decoding, score threshold, and NMS as ONNX's
-``NonMaxSuppression``."""
+"""A detector's post-processing in exportable operations: box decoding, NMS as ONNX's ``NonMaxSuppression``, and
+a single-stage detector's detections."""
 import inspect
 import math
 from typing import Sequence, Tuple
@@ -31,50 +31,48 @@ class NonMaxSuppression(torch.autograd.Function):
         return g.op('Gather', selected, constant(2), axis_i=1)  # rows are (batch, class, box)
 
 
-class DenseDetections(nn.Module):
-    """An anchor head's detections for one image, computed as its ``predict_by_feat`` does, in exportable ops.
+def batched_nms(boxes: Tensor, scores: Tensor, groups: Tensor, iou_threshold: float) -> Tensor:
+    """NMS within each group (class or level) as mmcv's ``batched_nms`` does it: each group's boxes shifted by the
+    group index times the largest coordinate, so that groups never overlap. (N, 4), (N,), (N,) -> indices kept,
+    best first."""
+    # the largest coordinate, -inf (and no offsets) where there is no box
+    largest = nn.functional.pad(boxes.reshape(-1), (0, 1), value=-math.inf).max()
+    offsets = groups.to(boxes.dtype) * (largest + 1)
+    return NonMaxSuppression.apply(boxes + offsets[:, None], scores, iou_threshold)
 
-    Per level, the class scores above ``score_thr`` (at most ``nms_pre`` of them, the highest); their anchors'
-    deltas decoded to boxes clipped to the image; boxes no wider or taller than ``min_bbox_size`` dropped; NMS
-    per class, as mmcv's ``batched_nms`` does it (each class's boxes shifted by the class index times the largest
-    coordinate, so that classes never overlap); the best ``max_per_img``. The head's ``predict_by_feat`` takes
-    shortcuts that tracing would freeze (no box at all, ``min(nms_pre, count)``) and an NMS that ONNX has no
-    lowering of; these steps take none.
+
+def nms_iou_threshold(cfg, owner: str) -> float:
+    """The IoU threshold of a test config's plain per-group ``nms``, or an :class:`ExportError` naming ``owner``."""
+    nms = cfg.get('nms') or {}
+    if nms.get('type', 'nms') != 'nms' or nms.get('class_agnostic') or nms.get('offset'):
+        raise ExportError(f'{owner} test_cfg.nms is {dict(nms)}; the export has plain per-class nms only')
+    return nms['iou_threshold']
+
+
+class BoxDecoder:
+    """mmdet's ``DeltaXYWHBBoxCoder.decode`` with the image's size as ``max_shape``, in exportable operations.
 
     Args:
-        head: an mmdet anchor head with sigmoid class scores and ``DeltaXYWHBBoxCoder`` boxes (RetinaNet's).
+        coder: the head's ``bbox_coder``.
+        owner: the head, as messages name it.
     """
 
-    def __init__(self, head: nn.Module):
-        super().__init__()
-        coder, cfg = head.bbox_coder, head.test_cfg
-        problems = []
+    def __init__(self, coder, owner: str):
         if type(coder).__name__ != 'DeltaXYWHBBoxCoder':
-            problems.append(f'boxes coded by {type(coder).__name__}, not DeltaXYWHBBoxCoder')
-        if not getattr(head, 'use_sigmoid_cls', False):
-            problems.append('softmax class scores')
-        if not hasattr(head.prior_generator, 'base_anchors'):
-            problems.append(f'priors from {type(head.prior_generator).__name__}, not an anchor generator')
-        nms_cfg = cfg.get('nms') or {}
-        if nms_cfg.get('type', 'nms') != 'nms' or nms_cfg.get('class_agnostic') or nms_cfg.get('offset'):
-            problems.append(f'test_cfg.nms {dict(nms_cfg)}, not plain per-class nms')
-        if problems:
-            raise ExportError(f'`nms=True` supports anchor heads like RetinaNet\'s; {type(head).__name__} has '
-                              + ', '.join(problems) + '; export without `nms=True` and run predict_by_feat on the '
-                              'outputs')
-        self.prior_generator, self.num_classes = head.prior_generator, head.cls_out_channels
+            raise ExportError(f'{owner} codes its boxes with {type(coder).__name__}; the export decodes '
+                              f'DeltaXYWHBBoxCoder only')
         self.means, self.stds = coder.means, coder.stds
         self.clip_border, self.ctr_clamp = coder.clip_border, coder.ctr_clamp if coder.add_ctr_clamp else None
-        # the head decodes with the coder's default wh_ratio_clip, which is an argument of decode, not a field
+        # the heads decode with the coder's default wh_ratio_clip, which is an argument of decode, not a field
         wh_ratio_clip = inspect.signature(coder.decode).parameters['wh_ratio_clip'].default
         self.max_ratio = abs(math.log(wh_ratio_clip))
-        self.score_thr, self.nms_pre = cfg.get('score_thr', 0), cfg.get('nms_pre', -1)
-        self.min_bbox_size, self.max_per_img = cfg.get('min_bbox_size', -1), cfg.max_per_img
-        self.iou_threshold = nms_cfg['iou_threshold']
 
-    def decode(self, priors: Tensor, deltas: Tensor, height, width) -> Tensor:
-        """(N, 4) anchors x1 y1 x2 y2 and (N, 4) deltas -> (N, 4) boxes, in ``delta2bbox``'s order of operations."""
-        deltas = deltas * deltas.new_tensor(self.stds) + deltas.new_tensor(self.means)
+    def __call__(self, priors: Tensor, deltas: Tensor, height, width) -> Tensor:
+        """(N, 4) priors x1 y1 x2 y2 and (N, 4 k) deltas (k boxes per prior) -> (N, 4 k) boxes, in
+        ``delta2bbox``'s order of operations."""
+        per_prior = deltas.shape[1] // 4
+        priors = priors.repeat(1, per_prior).reshape(-1, 4)
+        deltas = deltas.reshape(-1, 4) * deltas.new_tensor(self.stds) + deltas.new_tensor(self.means)
         centre, size = (priors[:, :2] + priors[:, 2:]) * 0.5, priors[:, 2:] - priors[:, :2]
         shift, log_scale = size * deltas[:, :2], deltas[:, 2:]
         if self.ctr_clamp is None:
@@ -86,18 +84,63 @@ class DenseDetections(nn.Module):
         if self.clip_border:
             x, y = boxes[:, 0::2].clamp(min=0, max=width), boxes[:, 1::2].clamp(min=0, max=height)
             boxes = torch.stack([x[:, 0], y[:, 0], x[:, 1], y[:, 1]], dim=-1)
-        return boxes
+        return boxes.reshape(-1, 4 * per_prior)
 
-    def forward(self, cls_scores: Sequence[Tensor], bbox_preds: Sequence[Tensor], height, width
-                ) -> Tuple[Tensor, Tensor, Tensor]:
-        """Per level (1, A * classes, h, w) scores and (1, A * 4, h, w) deltas; the image's height and width.
+
+def anchors(head: nn.Module, cls_scores: Sequence[Tensor]) -> Sequence[Tensor]:
+    """The anchors of each level's (1, A * C, h, w) map, as (h * w * A, 4) x1 y1 x2 y2."""
+    return head.prior_generator.grid_priors([score.shape[-2:] for score in cls_scores], dtype=cls_scores[0].dtype,
+                                            device=cls_scores[0].device)
+
+
+def check_anchor_head(head: nn.Module) -> str:
+    """``head``'s name for messages, once it is known to have sigmoid scores and an anchor generator."""
+    owner = type(head).__name__
+    problems = []
+    if not getattr(head, 'use_sigmoid_cls', False):
+        problems.append('softmax class scores')
+    if not hasattr(head.prior_generator, 'base_anchors'):
+        problems.append(f'priors from {type(head.prior_generator).__name__}, not an anchor generator')
+    if problems:
+        raise ExportError(f'{owner} has ' + ', '.join(problems) + '; the export supports anchor heads with '
+                          'sigmoid scores')
+    return owner
+
+
+class DenseDetections(nn.Module):
+    """An anchor head's detections for one image, computed as its ``predict_by_feat`` does, in exportable ops.
+
+    Per level, the class scores above ``score_thr`` (at most ``nms_pre`` of them, the highest); their anchors'
+    deltas decoded to boxes clipped to the image; boxes no wider or taller than ``min_bbox_size`` dropped; NMS
+    per class; the best ``max_per_img``. The head's ``predict_by_feat`` takes shortcuts that tracing would freeze
+    (no box at all, ``min(nms_pre, count)``) and an NMS that ONNX has no lowering of; these steps take none.
+
+    Args:
+        head: an mmdet anchor head with sigmoid class scores and ``DeltaXYWHBBoxCoder`` boxes (RetinaNet's).
+    """
+
+    def __init__(self, head: nn.Module):
+        super().__init__()
+        owner = check_anchor_head(head)
+        self.head, self.decode = head, BoxDecoder(head.bbox_coder, owner)
+        cfg = head.test_cfg
+        self.iou_threshold = nms_iou_threshold(cfg, owner)
+        self.num_classes = head.cls_out_channels
+        self.score_thr, self.nms_pre = cfg.get('score_thr', 0), cfg.get('nms_pre', -1)
+        self.min_bbox_size, self.max_per_img = cfg.get('min_bbox_size', -1), cfg.max_per_img
+
+    def forward(self, features: Sequence[Tensor], height, width) -> Tuple[Tensor, Tensor, Tensor]:
+        """The neck's (1, C, h, w) maps and the image's height and width (before padding).
 
         Returns (K, 4) boxes x1 y1 x2 y2 in the input's pixels, (K,) scores and (K,) int64 labels, best first.
         """
-        priors = self.prior_generator.grid_priors([score.shape[-2:] for score in cls_scores],
-                                                  dtype=cls_scores[0].dtype, device=cls_scores[0].device)
+        outputs = self.head(features)
+        if len(outputs) != 2:
+            raise ExportError(f'the export supports heads that return class scores and box deltas; '
+                              f'{type(self.head).__name__} also returns {len(outputs) - 2} more (score factors)')
+        cls_scores, bbox_preds = outputs
         boxes, scores, labels = [], [], []
-        for level_scores, level_deltas, level_priors in zip(cls_scores, bbox_preds, priors):
+        for level_scores, level_deltas, level_priors in zip(cls_scores, bbox_preds, anchors(self.head, cls_scores)):
             level_scores = level_scores[0].permute(1, 2, 0).reshape(-1).sigmoid()
             candidates = (level_scores > self.score_thr).nonzero()[:, 0]
             order = level_scores[candidates].argsort(descending=True)
@@ -111,11 +154,13 @@ class DenseDetections(nn.Module):
             labels.append(candidates % self.num_classes)
         boxes, scores, labels = torch.cat(boxes), torch.cat(scores), torch.cat(labels)
         if self.min_bbox_size >= 0:
-            size = boxes[:, 2:] - boxes[:, :2]
-            large = ((size[:, 0] > self.min_bbox_size) & (size[:, 1] > self.min_bbox_size)).nonzero()[:, 0]
-            boxes, scores, labels = boxes[large], scores[large], labels[large]
-        # the largest coordinate, -inf (and no offsets) where no box is left
-        largest = nn.functional.pad(boxes.reshape(-1), (0, 1), value=-math.inf).max()
-        offsets = labels.to(boxes.dtype) * (largest + 1)
-        kept = NonMaxSuppression.apply(boxes + offsets[:, None], scores, self.iou_threshold)[:self.max_per_img]
+            boxes, scores, labels = large_boxes(self.min_bbox_size, boxes, scores, labels)
+        kept = batched_nms(boxes, scores, labels, self.iou_threshold)[:self.max_per_img]
         return boxes[kept], scores[kept], labels[kept]
+
+
+def large_boxes(min_size: float, boxes: Tensor, *others: Tensor) -> Tuple[Tensor, ...]:
+    """The boxes wider and taller than ``min_size``, and the same rows of ``others``."""
+    size = boxes[:, 2:] - boxes[:, :2]
+    large = ((size[:, 0] > min_size) & (size[:, 1] > min_size)).nonzero()[:, 0]
+    return (boxes[large], *(other[large] for other in others))

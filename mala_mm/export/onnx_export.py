@@ -5,6 +5,7 @@ import torch
 from torch import Tensor
 
 from .errors import ExportError
+from .two_stage import ROI_ALIGN_OPSET
 from .wrapper import ImageToTensors
 
 EXPORTERS = ('dynamo', 'torchscript')
@@ -18,10 +19,13 @@ def export_onnx(module: ImageToTensors, example: Tensor, path: str, dynamic: boo
     """
     if exporter not in EXPORTERS:
         raise ExportError(f'unknown exporter {exporter!r}; choose one of {EXPORTERS}')
-    detections = module.detections is not None
+    detections = module.nms
     if detections and (exporter != 'torchscript' or example.shape[0] != 1):
         raise ExportError('`nms=True` exports the detections of one image with the TorchScript exporter: pass '
                           "`exporter='torchscript'` (the dynamo exporter has no lowering of NMS)")
+    if detections and module.kind == 'two-stage detector' and opset < ROI_ALIGN_OPSET:
+        raise ExportError(f'a two-stage detector\'s detections need ONNX\'s RoiAlign of opset {ROI_ALIGN_OPSET} or '
+                          f'later (mmcv\'s aligned sampling); got `opset` {opset}')
     module.eval()
     with torch.no_grad():
         names = module.describe_outputs(module(example))
@@ -34,6 +38,8 @@ def export_onnx(module: ImageToTensors, example: Tensor, path: str, dynamic: boo
     elif dynamic:
         free = {2: 'height', 3: 'width'} if detections else {0: 'batch', 2: 'height', 3: 'width'}
         options['dynamic_axes'] = {'image': free, **{name: {0: 'detections'} for name in names if detections}}
+        if 'masks' in names:
+            options['dynamic_axes']['masks'] = {0: 'detections', 1: 'height', 2: 'width'}
     try:
         torch.onnx.export(module, (example, ), path, dynamo=exporter == 'dynamo', **options)
     except Exception as err:  # the exporters raise many types; the first line says which operator failed

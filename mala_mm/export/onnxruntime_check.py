@@ -2,6 +2,10 @@
 import math
 from typing import Dict, List, Sequence
 
+# How far ONNX Runtime's detections may be from mmdet's: boxes, as a share of the image's longer side; scores;
+# the intersection over union of each detection's two masks
+DETECTION_BOUNDS = dict(boxes=1e-3, scores=1e-4, masks=0.99)
+
 import torch
 from torch import Tensor
 
@@ -22,8 +26,8 @@ def compare_in_onnxruntime(reference: ImageToTensors, path: str, image: Tensor) 
         raise ExportError(f'ONNX Runtime could not run {path} on an input of shape {tuple(image.shape)}: '
                           f'{str(err).strip().splitlines()[0]}') from err
     produced = [torch.from_numpy(output) for output in produced]
-    if reference.detections is not None:
-        produced = pair_detections(expected, produced)
+    if reference.nms:
+        return compare_detections(expected, pair_detections(expected, produced), max(image.shape[2:]))
     rows = []
     for name, ours, theirs in zip(reference.describe_outputs(expected), expected, produced):
         if theirs.shape != ours.shape:
@@ -47,8 +51,7 @@ def pair_detections(expected: Sequence[Tensor], produced: Sequence[Tensor]) -> L
     first, is paired with the nearest unpaired box of its class; the differences of the pairs are then what the
     comparison measures, so a box that only one engine keeps shows as a large one.
     """
-    boxes, _, labels = expected
-    their_boxes, _, their_labels = produced
+    boxes, labels, their_boxes, their_labels = expected[0], expected[2], produced[0], produced[2]
     if len(their_boxes) != len(boxes):
         raise ExportError(f'ONNX Runtime finds {len(their_boxes)} detections, PyTorch {len(boxes)}')
     distance = (boxes[:, None].double() - their_boxes[None].double()).abs().amax(-1)
@@ -63,3 +66,30 @@ def pair_detections(expected: Sequence[Tensor], produced: Sequence[Tensor]) -> L
         distance[:, partner] = math.inf
     index = torch.tensor(pairs, dtype=torch.long)
     return [output[index] for output in produced]
+
+
+def compare_detections(expected: Sequence[Tensor], produced: Sequence[Tensor], image_size: int
+                       ) -> List[Dict[str, object]]:
+    """Per output of paired detections, what differs and whether it is within ``DETECTION_BOUNDS``: the largest
+    box coordinate difference over ``image_size``, the largest score difference, the number of unequal labels,
+    the smallest mask IoU (1 where both masks are empty)."""
+    rows = []
+    for name, ours, theirs in zip(['boxes', 'scores', 'labels', 'masks'], expected, produced):
+        row = dict(output=name, shape=tuple(ours.shape))
+        if name == 'labels':
+            row.update(measure='unequal', value=int((ours != theirs).sum()), bound=0)
+        elif name == 'masks':
+            ours, theirs = ours.reshape(len(ours), -1).bool(), theirs.reshape(len(theirs), -1).bool()
+            union = (ours | theirs).sum(1)
+            iou = torch.where(union > 0, (ours & theirs).sum(1) / union.clamp(min=1), torch.ones_like(union))
+            row.update(measure='min IoU', value=iou.min().item() if len(iou) else 1.0, bound=DETECTION_BOUNDS[name])
+        else:
+            difference = (theirs.double() - ours.double()).abs().max().item() if ours.numel() else 0.0
+            if name == 'boxes':
+                row.update(measure='max abs / image size', value=difference / image_size)
+            else:
+                row.update(measure='max abs', value=difference)
+            row['bound'] = DETECTION_BOUNDS[name]
+        row['within'] = row['value'] >= row['bound'] if name == 'masks' else row['value'] <= row['bound']
+        rows.append(row)
+    return rows

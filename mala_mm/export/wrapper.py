@@ -6,11 +6,12 @@ from typing import List, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
-from mala_mm.sample_inputs import image_metainfo
+from mala_mm.sample_inputs import data_samples
 
 from .detections import DenseDetections
 from .errors import ExportError
 from .exportable import make_exportable
+from .two_stage import TwoStageDetections
 
 
 class ImageToTensors(nn.Module):
@@ -21,9 +22,10 @@ class ImageToTensors(nn.Module):
         backbone_only: stop after the backbone.
         exportable: run on a copy of ``model`` whose size-dependent modules are swapped for exportable
             equivalents (:func:`make_exportable`); False runs ``model`` itself, as the reference to compare with.
-        nms: a single-stage detector returns its detections (boxes, scores, labels of one image) instead of its
-            head's raw outputs; exportable computes them with :class:`DenseDetections`, the reference with the
-            head's own ``predict_by_feat``.
+        nms: a detector returns its detections of one image (boxes, scores, labels, and masks where it has a mask
+            head) instead of its heads' raw outputs. The image is padded as the detector's data preprocessor
+            pads it; exportable computes the detections with :class:`DenseDetections` (single-stage) or
+            :class:`TwoStageDetections`, the reference with mmdet itself: its data preprocessor and ``predict``.
     """
 
     def __init__(self, model: nn.Module, backbone_only: bool = False, exportable: bool = True,
@@ -39,14 +41,15 @@ class ImageToTensors(nn.Module):
         self.flip_channels = bool(getattr(preprocessor, '_channel_conversion',
                                           getattr(preprocessor, 'channel_conversion', False)))
         self.kind = 'backbone' if backbone_only or not hasattr(model, 'extract_feat') else _kind(model)
-        self.detections = None
+        self.nms, self.exportable, self.detections = nms, exportable, None
         if nms:
-            if self.kind != 'single-stage detector':
-                raise ExportError(f'`nms=True` applies to single-stage detectors (RetinaNet, ...), not to a '
-                                  f'{self.kind}'
-                                  + ('; its NMS sits between the RPN and the RoI heads, which need RoIAlign'
-                                     if self.kind == 'two-stage detector' else ''))
-            self.detections = DenseDetections(self.model.bbox_head) if exportable else self._predict_by_feat
+            if not self.kind.endswith('detector'):
+                raise ExportError(f'`nms=True` applies to detectors, not to a {self.kind}')
+            self.pad_size_divisor = getattr(preprocessor, 'pad_size_divisor', 1)
+            self.pad_value = float(getattr(preprocessor, 'pad_value', 0))
+            if exportable:
+                self.detections = (DenseDetections(self.model.bbox_head) if self.kind == 'single-stage detector'
+                                   else TwoStageDetections(self.model))
 
     def normalise(self, image: Tensor) -> Tensor:
         """image: (B, 3, H, W) float32, 0-255, channels in the loaded order -> the model's input, as its
@@ -55,10 +58,22 @@ class ImageToTensors(nn.Module):
             image = image.flip(1)
         return (image - self.mean) / self.std
 
+    def pad(self, x: Tensor) -> Tensor:
+        """The normalised image padded at the bottom and right to multiples of ``pad_size_divisor``, as the
+        detector's data preprocessor pads a batch."""
+        divisor = self.pad_size_divisor
+        height, width = x.shape[2], x.shape[3]
+        return nn.functional.pad(x, (0, (divisor - width % divisor) % divisor, 0, (divisor - height % divisor) % divisor),
+                                 value=self.pad_value)
+
     def forward(self, image: Tensor) -> Tuple[Tensor, ...]:
         """image: (B, 3, H, W) float32, 0-255, channels in the loaded order."""
+        if self.nms and not self.exportable:
+            return self._mmdet_predict(image)
         x = self.normalise(image)
         model = self.model
+        if self.nms:
+            return self.detections(model.extract_feat(self.pad(x)), x.shape[2], x.shape[3])
         if self.kind == 'backbone':
             backbone = getattr(model, 'backbone', model)
             return tuple(backbone(x))
@@ -68,26 +83,25 @@ class ImageToTensors(nn.Module):
                                               align_corners=model.decode_head.align_corners), )
         features = model.extract_feat(x)
         head = model.bbox_head if self.kind == 'single-stage detector' else model.rpn_head
-        outputs = head(features)
-        scores, deltas = outputs[:2]
-        if self.detections is not None:
-            if len(outputs) != 2:
-                raise ExportError(f'`nms=True` supports heads that return class scores and box deltas; '
-                                  f'{type(head).__name__} also returns {len(outputs) - 2} more (score factors)')
-            return self.detections(scores, deltas, x.shape[2], x.shape[3])
+        scores, deltas = head(features)[:2]
         return (*scores, *deltas, *features)
 
-    def _predict_by_feat(self, scores, deltas, height, width) -> Tuple[Tensor, Tensor, Tensor]:
-        found = self.model.bbox_head.predict_by_feat(scores, deltas, batch_img_metas=[image_metainfo(height, width)],
-                                                     rescale=False)[0]
-        return found.bboxes, found.scores, found.labels
+    def _mmdet_predict(self, image: Tensor) -> Tuple[Tensor, ...]:
+        """mmdet's own detections of one image: its data preprocessor (channel order, normalisation, padding) and
+        ``predict``, given the image as a test pipeline gives it (neither resized nor flipped)."""
+        if image.shape[0] != 1:
+            raise ExportError(f'the detections are those of one image; got a batch of {image.shape[0]}')
+        samples = data_samples('mmdet', image.shape[2], image.shape[3])
+        data = self.model.data_preprocessor(dict(inputs=[image[0]], data_samples=samples), False)
+        found = self.model.predict(data['inputs'], data['data_samples'], rescale=True)[0].pred_instances
+        return tuple(found[name] for name in ['bboxes', 'scores', 'labels', 'masks'] if name in found)
 
     def describe_outputs(self, outputs: Sequence[Tensor]) -> List[str]:
         """One name per output, in order, for the graph and for messages."""
         if self.kind == 'segmentor':
             return ['logits']
-        if self.detections is not None:
-            return ['boxes', 'scores', 'labels']
+        if self.nms:
+            return ['boxes', 'scores', 'labels', 'masks'][:len(outputs)]
         if self.kind == 'backbone':
             return [f'stage{i}' for i in range(len(outputs))]
         levels = len(outputs) // 3  # scores, deltas and features of each level
