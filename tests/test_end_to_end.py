@@ -1,7 +1,7 @@
 """Train, evaluate and resume through the launch scripts, on CPU with 2 processes (gloo), on the built-in
 dataset; and check that a short run learns: the trained checkpoint beats the same model at its
 initialisation by a margin that a broken pipeline (labels, masks, targets or evaluation out of step)
-could not reach."""
+could not reach; and that the trained two-stage detectors deploy: their ONNX graphs find what mmdet finds."""
 import importlib
 import math
 import os.path as osp
@@ -17,6 +17,7 @@ from mala_mm.checkpoint import safe_load
 from mala_mm.datasets import SEG_CLASSES
 
 DET_CONFIG = osp.join(ROOT, 'configs/detection/mask_rcnn_mala_t_builtin.py')
+CASCADE_CONFIG = osp.join(ROOT, 'configs/detection/cascade_mask_rcnn_mala_t_builtin.py')
 SEG_CONFIG = osp.join(ROOT, 'configs/segmentation/upernet_mala_t_builtin.py')
 AMP_CONFIG = osp.join(ROOT, 'tests/data/upernet_mala_narrow_64px_builtin.py')
 NPROC = '2'
@@ -77,7 +78,16 @@ def background_only_miou(workspace):
     return 100 * background_share / len(SEG_CLASSES)
 
 
-def test_detection_trains_evaluates_and_learns(builtin_workspace):
+@pytest.fixture(scope='module')
+def mask_rcnn_training(builtin_workspace):
+    """Mask R-CNN MALA-T from scratch, DET_ITERS iterations with 2 processes: the log and the checkpoint."""
+    work_dir = builtin_workspace / 'work_dirs' / 'mask_rcnn_mala_t_builtin'
+    output = run(['dist_train.sh', DET_CONFIG, NPROC, *short_schedule(DET_ITERS),
+                  f'param_scheduler.1.milestones=[{DET_ITERS * 4 // 5}]'], builtin_workspace)
+    return output, work_dir / f'iter_{DET_ITERS}.pth'
+
+
+def test_detection_trains_evaluates_and_learns(builtin_workspace, mask_rcnn_training):
     """Mask R-CNN MALA-T from scratch, 2 processes: COCO box and mask AP above DET_MIN_AP after DET_ITERS.
 
     The margin: this run (seed 0) scored box / mask AP 0.507 / 0.738 after 150 iterations (0.755 / 0.874 after
@@ -85,13 +95,11 @@ def test_detection_trains_evaluates_and_learns(builtin_workspace):
     fifty times what a detector whose RoI heads get scrambled features (channels-last maps that mmcv's RoIAlign
     reads as NCHW memory) reaches: 0.006 / 0.001 after 100 iterations, where a working one has 0.33 / 0.55.
     """
-    work_dir = builtin_workspace / 'work_dirs' / 'mask_rcnn_mala_t_builtin'
-    output = run(['dist_train.sh', DET_CONFIG, NPROC, *short_schedule(DET_ITERS),
-                  f'param_scheduler.1.milestones=[{DET_ITERS * 4 // 5}]'], builtin_workspace)
+    output, checkpoint = mask_rcnn_training
+    work_dir = checkpoint.parent
     assert 'Distributed training: True' in output
     assert re.search(rf'Iter\(train\) \[{DET_ITERS}/{DET_ITERS}\].*eta', output)
     assert DDP_LAYOUT_WARNING not in output
-    checkpoint = work_dir / f'iter_{DET_ITERS}.pth'
     assert checkpoint.is_file()
 
     names = ['coco/bbox_mAP', 'coco/bbox_mAP_50', 'coco/segm_mAP', 'coco/segm_mAP_50']
@@ -164,21 +172,76 @@ def test_bf16_mixed_precision_training_stays_finite_and_learns(builtin_workspace
     assert trained['mIoU'] > background_only_miou(builtin_workspace) + 40.0
 
 
-@pytest.mark.parametrize('config, iters, metric_names', [
-    ('retinanet_mala_t_builtin.py', 120, ['coco/bbox_mAP']),
-    ('cascade_mask_rcnn_mala_t_builtin.py', 120, ['coco/bbox_mAP', 'coco/segm_mAP']),
+def train_in_process(workspace, config, iters):
+    """``config`` from scratch for ``iters`` iterations in this process, evaluated at the end: the log and the
+    checkpoint."""
+    work_dir = workspace / 'work_dirs' / config[:-3]
+    output = run(['train.py', osp.join(ROOT, 'configs/detection', config), '--work-dir', str(work_dir),
+                  '--cfg-options', f'train_cfg.max_iters={iters}', f'train_cfg.val_interval={iters}',
+                  f'param_scheduler.1.end={iters}', f'param_scheduler.1.milestones=[{iters * 4 // 5}]'],
+                 workspace, in_process=True)
+    return output, work_dir / f'iter_{iters}.pth'
+
+
+@pytest.fixture(scope='module')
+def cascade_training(builtin_workspace):
+    return train_in_process(builtin_workspace, osp.basename(CASCADE_CONFIG), 120)
+
+
+@pytest.mark.parametrize('config, metric_names', [
+    ('retinanet_mala_t_builtin.py', ['coco/bbox_mAP']),
+    ('cascade_mask_rcnn_mala_t_builtin.py', ['coco/bbox_mAP', 'coco/segm_mAP']),
 ])
-def test_retinanet_and_cascade_mask_rcnn_learn(builtin_workspace, config, iters, metric_names):
+def test_retinanet_and_cascade_mask_rcnn_learn(request, builtin_workspace, config, metric_names):
     """The other two detectors of the paper, MALA-T from scratch in one process, evaluated at the end of
     training: every COCO AP above OTHER_DET_MIN_AP. An untrained detector scores about 0 (below 0.005 AP50 in
     the Mask R-CNN test above); COCO AP averages over IoU thresholds 0.5 to 0.95, so 0.2 needs many shapes found
     and boxed tightly. This run (seed 0) scored box AP 0.328 (RetinaNet) and box / mask AP 0.414 / 0.425
     (Cascade) after 120 iterations."""
-    work_dir = builtin_workspace / 'work_dirs' / config[:-3]
-    output = run(['train.py', osp.join(ROOT, 'configs/detection', config), '--work-dir', str(work_dir),
-                  '--cfg-options', f'train_cfg.max_iters={iters}', f'train_cfg.val_interval={iters}',
-                  f'param_scheduler.1.end={iters}', f'param_scheduler.1.milestones=[{iters * 4 // 5}]'],
-                 builtin_workspace, in_process=True)
+    if config.startswith('cascade'):
+        output = request.getfixturevalue('cascade_training')[0]
+    else:
+        output = train_in_process(builtin_workspace, config, 120)[0]
     found = metrics(output, metric_names)
-    print(f'{config} after {iters} iterations: {found}')
+    print(f'{config} after 120 iterations: {found}')
     assert all(value > OTHER_DET_MIN_AP for value in found.values()), found
+
+
+# validation images of the built-in dataset, and the sizes to give them: none is the size of the export
+EXPORT_CHECKS = [('000003.jpg', (128, 128)), ('000010.jpg', (165, 107)), ('000021.jpg', (96, 200)),
+                 ('000042.jpg', (211, 173))]
+
+
+@pytest.mark.parametrize('config, training', [(DET_CONFIG, 'mask_rcnn_training'),
+                                              (CASCADE_CONFIG, 'cascade_training')])
+def test_trained_two_stage_detectors_export_to_mmdets_detections_in_plain_onnx(request, builtin_workspace, tmp_path,
+                                                                            config, training):
+    """The trained Mask R-CNN and Cascade Mask R-CNN exported with --nms: one graph of standard ONNX operators from
+    the image to boxes, scores, labels and masks. On validation images at sizes the export never saw, ONNX
+    Runtime finds the detections mmdet's ``predict`` finds, within DETECTION_BOUNDS (the same count, equal labels,
+    boxes within a thousandth of the image, scores within 1e-4, each mask's IoU at least 0.99)."""
+    import onnx
+    from mala_mm.cli import build_model
+    from mala_mm.export import DETECTION_BOUNDS, ImageToTensors, compare_in_onnxruntime
+    checkpoint = str(request.getfixturevalue(training)[1])
+    path = tmp_path / 'detector.onnx'
+    output = run(['export_onnx.py', config, checkpoint, '--out', str(path), '--shape', '96', '160', '--dynamic',
+                  '--nms', '--exporter', 'torchscript', '--image', 'data/builtin/images/validation/000005.jpg'],
+                 builtin_workspace, in_process=True)
+    assert "ONNX Runtime's detections match mmdet's predict within the bounds" in output
+    assert 'input 128x128  masks' in output and 'input 165x107  masks' in output
+    nodes = onnx.load(str(path)).graph.node
+    assert {'RoiAlign', 'NonMaxSuppression'} <= {node.op_type for node in nodes}
+    assert {node.domain for node in nodes} <= {'', 'ai.onnx'}  # no custom operator library
+
+    reference = ImageToTensors(build_model(load_config(config), checkpoint), nms=True, exportable=False)
+    assert DETECTION_BOUNDS == dict(boxes=1e-3, scores=1e-4, masks=0.99, mask_probabilities=0.01)
+    found = []
+    for name, size in EXPORT_CHECKS:
+        image = cv2.imread(str(builtin_workspace / 'data/builtin/images/validation' / name))
+        image = torch.from_numpy(cv2.resize(image, size[::-1])).permute(2, 0, 1)[None].float()
+        rows = compare_in_onnxruntime(reference, str(path), image)
+        assert [row['output'] for row in rows] == ['boxes', 'scores', 'labels', 'masks']
+        assert all(row['within'] for row in rows), rows
+        found.append(rows[0]['shape'][0])
+    assert min(found) >= 1, found  # every image has objects, found by both

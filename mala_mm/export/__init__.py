@@ -11,16 +11,22 @@ The exported graph takes an image batch as the config's pipeline loads it (B, 3,
   backbone-and-neck features; boxes follow from ``model.bbox_head.predict_by_feat`` in PyTorch. With ``nms``
   the graph goes on to the detections themselves (:class:`DenseDetections`: box decoding, score threshold,
   ONNX's ``NonMaxSuppression``), as ``predict_by_feat`` computes them.
-- a two-stage detector (Mask R-CNN, Cascade): the neck's features and the RPN head's per-level scores and box
-  deltas. The RoI heads need mmcv's RoIAlign, which has no standard ONNX operator, so proposals and RoI heads
-  run after the graph in PyTorch (``rpn_head.predict_by_feat`` then ``roi_head.predict``).
+- a two-stage detector (Mask R-CNN, Cascade): the RPN head's per-level scores and box deltas, then the neck's
+  features; proposals and RoI heads follow in PyTorch (``rpn_head.predict_by_feat`` then ``roi_head.predict``).
+  With ``nms`` the graph goes on to the detections and masks (:class:`TwoStageDetections`: proposals, ONNX's
+  ``RoiAlign`` and ``NonMaxSuppression``, the box and mask heads, masks pasted into the image).
+
+With ``nms`` the graph pads the image as the detector's data preprocessor does, and its detections are compared
+with mmdet's own ``predict`` (:func:`compare_detections`, within :data:`DETECTION_BOUNDS`).
 """
 from .detections import DenseDetections, NonMaxSuppression
 from .errors import ExportError, check_shape
 from .exportable import make_exportable
 from .onnx_export import EXPORTERS, export_onnx
-from .onnxruntime_check import compare_in_onnxruntime, pair_detections
+from .onnxruntime_check import DETECTION_BOUNDS, compare_detections, compare_in_onnxruntime, pair_detections
+from .two_stage import TwoStageDetections
 from .wrapper import ImageToTensors
 
-__all__ = ['EXPORTERS', 'DenseDetections', 'ExportError', 'ImageToTensors', 'NonMaxSuppression', 'check_shape',
-           'compare_in_onnxruntime', 'export_onnx', 'make_exportable', 'pair_detections']
+__all__ = ['DETECTION_BOUNDS', 'EXPORTERS', 'DenseDetections', 'ExportError', 'ImageToTensors', 'NonMaxSuppression',
+           'TwoStageDetections', 'check_shape', 'compare_detections', 'compare_in_onnxruntime', 'export_onnx',
+           'make_exportable', 'pair_detections']

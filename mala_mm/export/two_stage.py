@@ -202,7 +202,9 @@ def paste_weights(start: Tensor, end: Tensor, length, size: int) -> Tensor:
     grid = torch.where(torch.isinf(grid), torch.zeros_like(grid), grid)  # a box of no width: the mask's centre
     cell = ((grid + 1) * size - 1) / 2
     cells = torch.arange(size, dtype=start.dtype, device=start.device)
-    return torch.relu(1 - (cell[..., None] - cells).abs())
+    # on CPU mmdet pastes only from a pixel before the box's first to one after its last (skip_empty)
+    inside = (centres >= torch.floor(start) - 1) & (centres < torch.ceil(end) + 1)
+    return torch.relu(1 - (cell[..., None] - cells).abs()) * inside[..., None].to(start.dtype)
 
 
 class InstanceMasks(nn.Module):
