@@ -1,9 +1,17 @@
-"""ONNX Runtime against PyTorch eager for MALA-T (released layout), eval, fp32 on CPU, with the compute floor.
+"""ONNX Runtime against PyTorch eager, fp32 on CPU: MALA-T's backbone, UperNet with MALA-T, and Mask R-CNN with
+MALA-T from the image to its detections and masks.
 
-Exports MALA-T once (dynamic H and W), then times each engine in its own child process at 1280x800 and 512x2048
-(median of --repeats runs after one warm-up) and reads that process's peak resident memory. The floor is the
-forward's FLOPs (convs, matmuls and attention, counted as tools/get_flops.py counts them) over the fp32 matmul rate
-measured in this run on a 2048^3 matmul. Writes results/cpu/onnx_runtime.{md,json}.
+Each model is exported once with tools/export_onnx.py's library (TorchScript exporter, opset 18, free height and
+width; the detector with ``nms=True``), then each engine is timed in its own child process at each size (median
+of --repeats runs after one warm-up), with that process's peak resident memory. PyTorch runs what the libraries
+run: the backbone's forward; the segmentor's normalisation, features and decode head, its logits resized to the
+image (mmseg's ``predict`` but the arg-max); the detector's data preprocessor and ``predict``. The detector is
+untrained, with a score threshold of 0, so that every image has ``max_per_img`` (100) detections and masks, as
+many as a COCO image can have. ONNX Runtime runs with its default session options (all graph optimisations) and
+as many intra-op threads as torch has.
+
+For the backbone and the segmentor, the floor is the forward's FLOPs (as tools/get_flops.py counts them) over the
+fp32 matmul rate measured in this run on a 2048^3 matmul. Writes results/cpu/onnx_runtime.{md,json}.
 
     python benchmarks/onnx_runtime.py [--repeats 3]
 """
@@ -19,28 +27,46 @@ import time
 import torch
 
 from common import markdown_table, write_results
-from mala_mm import MALA
-from mala_mm.analysis.flops import count_macs
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZES = {'1280x800': (800, 1280), '512x2048': (512, 2048)}
+# name: (config, what the graph returns, sizes)
+MODELS = {
+    'MALA-T backbone': (None, 'backbone', ['1280x800', '512x2048']),
+    'UperNet MALA-T': ('configs/segmentation/upernet_mala_t.py', 'logits', ['1280x800', '512x2048']),
+    'Mask R-CNN MALA-T': ('configs/detection/mask_rcnn_mala_t.py', 'detections', ['1280x800']),
+}
+EXPORT_SHAPE = (256, 320)
 
 
-def build_model():
+def build(name: str):
+    """The module PyTorch times and the one that is exported, for model ``name``, both eval."""
+    from mala_mm import MALA
+    from mala_mm.export import ImageToTensors
     torch.manual_seed(0)
-    model = MALA(arch='tiny').eval()
-    model.init_weights()
-    return model
+    config, returns, _ = MODELS[name]
+    if config is None:
+        model = MALA(arch='tiny').eval()
+        model.init_weights()
+        return model, model
+    from mala_mm.cli import build_model, read_config
+    options = {'model.backbone.init_cfg': None}
+    if returns == 'detections':
+        options['model.test_cfg.rcnn.score_thr'] = 0.0
+    model = build_model(read_config(os.path.join(ROOT, config), options))
+    nms = returns == 'detections'
+    return ImageToTensors(model, exportable=False, nms=nms).eval(), ImageToTensors(model, nms=nms).eval()
 
 
-def child(engine: str, onnx_path: str, height: int, width: int, repeats: int) -> dict:
+def child(name: str, engine: str, onnx_path: str, height: int, width: int, repeats: int) -> dict:
     """Time one engine on one size in this (fresh) process; returns the median ms and the peak RSS in MiB."""
-    image = torch.randn(1, 3, height, width)
+    image = torch.rand(1, 3, height, width) * 255
     if engine == 'pytorch':
-        model = build_model()
+        module = build(name)[0]
 
         def run():
             with torch.no_grad():
-                model(image)
+                return module(image)
     else:
         import onnxruntime
         options = onnxruntime.SessionOptions()
@@ -49,15 +75,16 @@ def child(engine: str, onnx_path: str, height: int, width: int, repeats: int) ->
         feed = {session.get_inputs()[0].name: image.numpy()}
 
         def run():
-            session.run(None, feed)
-    run()
+            return session.run(None, feed)
+    outputs = run()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         run()
         times.append((time.perf_counter() - start) * 1e3)
     times.sort()
-    return dict(ms=times[len(times) // 2], peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    return dict(ms=times[len(times) // 2], peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                first_output_shape=list(outputs[0].shape))
 
 
 def sgemm_gflops(size: int = 2048, repeats: int = 5) -> float:
@@ -69,45 +96,69 @@ def sgemm_gflops(size: int = 2048, repeats: int = 5) -> float:
     return 2 * size ** 3 * repeats / (time.perf_counter() - start) / 1e9
 
 
-def forward_gflops(model, height: int, width: int) -> float:
+def forward_gflops(module, height: int, width: int) -> float:
     """FLOPs of one forward, counted as tools/get_flops.py counts them (2 per multiply-accumulate)."""
-    macs = count_macs(lambda: model(torch.randn(1, 3, height, width)))
+    from mala_mm.analysis.flops import count_macs
+    image = torch.rand(1, 3, height, width) * 255
+    with torch.no_grad():
+        macs = count_macs(lambda: module(image))
     return 2 * sum(macs.values()) / 1e9
+
+
+def export(name: str, module, path: str):
+    from mala_mm.export import ImageToTensors, export_onnx
+    example = torch.rand(1, 3, *EXPORT_SHAPE) * 255
+    if isinstance(module, ImageToTensors):
+        export_onnx(module, example, path, dynamic=True, exporter='torchscript')
+    else:
+        torch.onnx.export(module, (example, ), path, dynamo=False, input_names=['image'],
+                          dynamic_axes={'image': {2: 'height', 3: 'width'}})
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--repeats', type=int, default=3)
-    parser.add_argument('--child', nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument('--child', nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        engine, path, height, width, repeats = args.child
-        print(json.dumps(child(engine, path, int(height), int(width), int(repeats))))
+        name, engine, path, height, width, repeats = args.child
+        print(json.dumps(child(name, engine, path, int(height), int(width), int(repeats))))
         return
 
-    model = build_model()
+    rate = sgemm_gflops()
     rows = []
     with tempfile.TemporaryDirectory() as folder:
-        path = os.path.join(folder, 'mala_t.onnx')
-        torch.onnx.export(model, (torch.randn(1, 3, 256, 320), ), path, dynamo=False, input_names=['image'],
-                          dynamic_axes={'image': {2: 'height', 3: 'width'}})
-        rate = sgemm_gflops()
-        for size_name, (height, width) in SIZES.items():
-            row = dict(input=size_name, GFLOPs=forward_gflops(model, height, width))
-            row['SGEMM GFLOP/s'] = rate
-            row['floor ms'] = row['GFLOPs'] / rate * 1e3
-            for engine in ('pytorch', 'onnxruntime'):
-                out = subprocess.run([sys.executable, __file__, '--child', engine, path, str(height), str(width),
-                                      str(args.repeats)], capture_output=True, text=True, check=True)
-                measured = json.loads(out.stdout.strip().splitlines()[-1])
-                row[f'{engine} ms'], row[f'{engine} peak RSS MiB'] = measured['ms'], measured['peak_rss_mib']
-            row['onnxruntime / pytorch speed'] = row['pytorch ms'] / row['onnxruntime ms']
-            row['pytorch / floor'] = row['pytorch ms'] / row['floor ms']
-            rows.append(row)
-            print(row, flush=True)
-    columns = ['input', 'pytorch ms', 'onnxruntime ms', 'onnxruntime / pytorch speed', 'pytorch peak RSS MiB',
-               'onnxruntime peak RSS MiB', 'GFLOPs', 'SGEMM GFLOP/s', 'floor ms', 'pytorch / floor']
+        for name, (_, returns, sizes) in MODELS.items():
+            reference, exportable = build(name)
+            path = os.path.join(folder, 'model.onnx')
+            export(name, exportable, path)
+            for size_name in sizes:
+                height, width = SIZES[size_name]
+                row = {'model': name, 'graph returns': returns, 'input': size_name}
+                if returns != 'detections':  # mmcv's RoIAlign and NMS have no FLOP count
+                    row['GFLOPs'] = forward_gflops(reference, height, width)
+                    row['floor ms'] = row['GFLOPs'] / rate * 1e3
+                for engine in ('pytorch', 'onnxruntime'):
+                    out = subprocess.run([sys.executable, __file__, '--child', name, engine, path, str(height),
+                                          str(width), str(args.repeats)], capture_output=True, text=True)
+                    if out.returncode:
+                        raise RuntimeError(f'{name} {engine} {size_name} failed:\n{out.stderr[-3000:]}')
+                    measured = json.loads(out.stdout.strip().splitlines()[-1])
+                    row[f'{engine} ms'], row[f'{engine} peak RSS MiB'] = measured['ms'], measured['peak_rss_mib']
+                    if returns == 'detections':
+                        row[f'{engine} detections'] = measured['first_output_shape'][0]
+                row['onnxruntime / pytorch speed'] = row['pytorch ms'] / row['onnxruntime ms']
+                if 'floor ms' in row:
+                    row['pytorch / floor'] = row['pytorch ms'] / row['floor ms']
+                    row['onnxruntime / floor'] = row['onnxruntime ms'] / row['floor ms']
+                rows.append(row)
+                print(row, flush=True)
+    columns = ['model', 'input', 'pytorch ms', 'onnxruntime ms', 'onnxruntime / pytorch speed',
+               'pytorch peak RSS MiB', 'onnxruntime peak RSS MiB', 'GFLOPs', 'floor ms', 'pytorch / floor',
+               'onnxruntime / floor']
     table = markdown_table(rows, columns)
+    table += (f'\n\nSGEMM {rate:.0f} GFLOP/s (2048^3, fp32). The detector: {rows[-1]["pytorch detections"]} '
+              f'detections in PyTorch, {rows[-1]["onnxruntime detections"]} in ONNX Runtime.')
     print(table)
     print(f"written to {write_results('onnx_runtime', torch.device('cpu'), rows, table)}")
 

@@ -11,34 +11,44 @@ from .errors import ExportError
 
 
 class NonMaxSuppression(torch.autograd.Function):
-    """Indices of the boxes that NMS keeps, by descending score: mmcv's ``nms`` when run, ONNX's
-    ``NonMaxSuppression`` when exported (both suppress a box whose IoU with a kept one exceeds the threshold)."""
+    """NMS within each of G groups: mmcv's ``nms`` when run, ONNX's ``NonMaxSuppression`` when exported (both
+    suppress a box whose IoU with a kept one exceeds the threshold).
+
+    (G, N, 4) boxes x1 y1 x2 y2 and (G, N) scores; only boxes scoring above ``score_threshold`` take part.
+    Returns (M, 2) int64 rows (group, box index): the boxes kept, group by group, each group's by descending score.
+    """
 
     @staticmethod
-    def forward(ctx, boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
+    def forward(ctx, boxes: Tensor, scores: Tensor, iou_threshold: float, score_threshold: float) -> Tensor:
         from mmcv.ops import nms
-        return nms(boxes, scores, iou_threshold)[1]
+        rows = [boxes.new_zeros((0, 2), dtype=torch.int64)]
+        for group in range(boxes.shape[0]):
+            candidates = (scores[group] > score_threshold).nonzero()[:, 0]
+            if len(candidates):
+                kept = candidates[nms(boxes[group, candidates], scores[group, candidates], iou_threshold)[1]]
+                rows.append(torch.stack([torch.full_like(kept, group), kept], dim=1))
+        return torch.cat(rows)
 
     @staticmethod
-    def symbolic(g, boxes, scores, iou_threshold):
+    def symbolic(g, boxes, scores, iou_threshold, score_threshold):
         def constant(value, dtype=torch.int64):
             return g.op('Constant', value_t=torch.tensor(value, dtype=dtype))
 
-        # ONNX's operator works on (batch, boxes, 4) and (batch, classes, boxes): one of each here
-        selected = g.op('NonMaxSuppression', g.op('Unsqueeze', boxes, constant([0])),
-                        g.op('Unsqueeze', scores, constant([0, 1])), constant([2 ** 31 - 1]),
-                        constant([iou_threshold], torch.float32))
-        return g.op('Gather', selected, constant(2), axis_i=1)  # rows are (batch, class, box)
+        # ONNX's operator takes (batch, boxes, 4) and (batch, classes, boxes): the groups as its batch, one class
+        selected = g.op('NonMaxSuppression', boxes, g.op('Unsqueeze', scores, constant([1])),
+                        constant([2 ** 31 - 1]), constant([iou_threshold], torch.float32),
+                        constant([score_threshold], torch.float32))
+        return g.op('Gather', selected, constant([0, 2]), axis_i=1)  # its rows are (batch, class, box)
 
 
 def batched_nms(boxes: Tensor, scores: Tensor, groups: Tensor, iou_threshold: float) -> Tensor:
-    """NMS within each group (class or level) as mmcv's ``batched_nms`` does it: each group's boxes shifted by the
-    group index times the largest coordinate, so that groups never overlap. (N, 4), (N,), (N,) -> indices kept,
-    best first."""
+    """NMS within each group (class or level) as mmcv's ``batched_nms`` does it below its ``split_thr``: each
+    group's boxes shifted by the group index times the largest coordinate, so that groups never overlap, and one
+    NMS. (N, 4), (N,), (N,) -> indices kept, best first."""
     # the largest coordinate, -inf (and no offsets) where there is no box
     largest = nn.functional.pad(boxes.reshape(-1), (0, 1), value=-math.inf).max()
     offsets = groups.to(boxes.dtype) * (largest + 1)
-    return NonMaxSuppression.apply(boxes + offsets[:, None], scores, iou_threshold)
+    return NonMaxSuppression.apply((boxes + offsets[:, None])[None], scores[None], iou_threshold, -math.inf)[:, 1]
 
 
 def nms_iou_threshold(cfg, owner: str) -> float:

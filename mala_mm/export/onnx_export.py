@@ -1,4 +1,5 @@
 """Writing the ONNX graph with either of torch's exporters."""
+import warnings
 from typing import Dict, List
 
 import torch
@@ -41,7 +42,11 @@ def export_onnx(module: ImageToTensors, example: Tensor, path: str, dynamic: boo
         if 'masks' in names:
             options['dynamic_axes']['masks'] = {0: 'detections', 1: 'height', 2: 'width'}
     try:
-        torch.onnx.export(module, (example, ), path, dynamo=exporter == 'dynamo', **options)
+        with warnings.catch_warnings():
+            # the tracer warns of every shape read as a number; which of them hold at other sizes is what the
+            # comparison at an unseen size checks
+            warnings.simplefilter('ignore', torch.jit.TracerWarning)
+            torch.onnx.export(module, (example, ), path, dynamo=exporter == 'dynamo', **options)
     except Exception as err:  # the exporters raise many types; the first line says which operator failed
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ExportError(f'torch.onnx.export ({exporter}) could not export {type(module.model).__name__}: '
