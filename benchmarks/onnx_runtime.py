@@ -2,8 +2,10 @@
 MALA-T from the image to its detections and masks.
 
 Each model is exported once with tools/export_onnx.py's library (TorchScript exporter, opset 18, free height and
-width; the detector with ``nms=True``), then each engine is timed in its own child process at each size (median
-of --repeats runs after one warm-up), with that process's peak resident memory. PyTorch runs what the libraries
+width; the detector with ``nms=True``). At each size one child process times both engines, a warm-up each and
+then --repeats runs of each in turn: the medians, and ``speed``, the median of the runs' PyTorch / ONNX Runtime
+ratios (above 1: ONNX Runtime is faster). Two more children, one per engine, run it once and read their peak
+resident memory. PyTorch runs what the libraries
 run: the backbone's forward; the segmentor's normalisation, features and decode head, its logits resized to the
 image (mmseg's ``predict`` but the arg-max); the detector's data preprocessor and ``predict``. The detector is
 untrained, with a score threshold of 0, so that every image has ``max_per_img`` (100) detections and masks, as
@@ -18,11 +20,12 @@ fp32 matmul rate measured in this run on a 2048^3 matmul. Writes results/cpu/onn
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
+import statistics
 import tempfile
 import time
+from typing import Callable, Dict, Sequence
 
 import torch
 
@@ -58,33 +61,68 @@ def build(name: str):
     return ImageToTensors(model, exportable=False, nms=nms).eval(), ImageToTensors(model, nms=nms).eval()
 
 
-def child(name: str, engine: str, onnx_path: str, height: int, width: int, repeats: int) -> dict:
-    """Time one engine on one size in this (fresh) process; returns the median ms and the peak RSS in MiB."""
+def engines(name: str, onnx_path: str, image: torch.Tensor) -> Dict[str, Callable[[], Sequence]]:
+    """One forward of each engine on ``image``, as a function."""
+    import onnxruntime
+    module = build(name)[0]
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    session = onnxruntime.InferenceSession(onnx_path, options, providers=['CPUExecutionProvider'])
+    feed = {session.get_inputs()[0].name: image.numpy()}
+
+    def pytorch():
+        with torch.no_grad():
+            return module(image)
+    return dict(pytorch=pytorch, onnxruntime=lambda: session.run(None, feed))
+
+
+def child_times(name: str, onnx_path: str, height: int, width: int, repeats: int) -> dict:
+    """Both engines in this (fresh) process, one warm-up each, then ``repeats`` runs of each in turn, so that the
+    machine's drift falls on both alike: each engine's median ms, the median of the runs' ratios, and each
+    engine's number of detections (the first output's length)."""
+    runs = engines(name, onnx_path, torch.rand(1, 3, height, width) * 255)
+    measured = {engine: dict(outputs=run(), ms=[]) for engine, run in runs.items()}
+    for _ in range(repeats):
+        for engine, run in runs.items():
+            start = time.perf_counter()
+            run()
+            measured[engine]['ms'].append((time.perf_counter() - start) * 1e3)
+    ratios = [a / b for a, b in zip(measured['pytorch']['ms'], measured['onnxruntime']['ms'])]
+    found = {}
+    if MODELS[name][1] == 'detections':
+        found = {f'{engine} detections': len(m['outputs'][0]) for engine, m in measured.items()}
+    return dict(**{f'{engine} ms': statistics.median(m['ms']) for engine, m in measured.items()}, **found,
+                speed=statistics.median(ratios))
+
+
+def child_memory(name: str, engine: str, onnx_path: str, height: int, width: int) -> dict:
+    """The peak resident memory (MiB) of a process that runs one engine once."""
     image = torch.rand(1, 3, height, width) * 255
     if engine == 'pytorch':
         module = build(name)[0]
-
-        def run():
-            with torch.no_grad():
-                return module(image)
+        with torch.no_grad():
+            module(image)
     else:
         import onnxruntime
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = torch.get_num_threads()
         session = onnxruntime.InferenceSession(onnx_path, options, providers=['CPUExecutionProvider'])
-        feed = {session.get_inputs()[0].name: image.numpy()}
+        session.run(None, {session.get_inputs()[0].name: image.numpy()})
+    return {f'{engine} peak RSS MiB': peak_rss_mib()}
 
-        def run():
-            return session.run(None, feed)
-    outputs = run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append((time.perf_counter() - start) * 1e3)
-    times.sort()
-    return dict(ms=times[len(times) // 2], peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                first_output_shape=list(outputs[0].shape))
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory since it started its program. Not getrusage's ru_maxrss: Linux carries
+    that over from the parent at fork, so a child would report its parent's peak where that is higher."""
+    with open('/proc/self/status') as status:
+        return next(int(line.split()[1]) for line in status if line.startswith('VmHWM:')) / 1024
+
+
+def in_child(*args) -> dict:
+    out = subprocess.run([sys.executable, __file__, '--child', *map(str, args)], capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(f'{args} failed:\n{out.stderr[-3000:]}')
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def sgemm_gflops(size: int = 2048, repeats: int = 5) -> float:
@@ -118,11 +156,16 @@ def export(name: str, module, path: str):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--repeats', type=int, default=3)
-    parser.add_argument('--child', nargs=6, help=argparse.SUPPRESS)
+    parser.add_argument('--child', nargs='+', help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        name, engine, path, height, width, repeats = args.child
-        print(json.dumps(child(name, engine, path, int(height), int(width), int(repeats))))
+        kind, name, *rest = args.child
+        if kind == 'times':
+            path, height, width, repeats = rest
+            print(json.dumps(child_times(name, path, int(height), int(width), int(repeats))))
+        else:
+            engine, path, height, width = rest
+            print(json.dumps(child_memory(name, engine, path, int(height), int(width))))
         return
 
     rate = sgemm_gflops()
@@ -138,22 +181,15 @@ def main():
                 if returns != 'detections':  # mmcv's RoIAlign and NMS have no FLOP count
                     row['GFLOPs'] = forward_gflops(reference, height, width)
                     row['floor ms'] = row['GFLOPs'] / rate * 1e3
+                row.update(in_child('times', name, path, height, width, args.repeats))
                 for engine in ('pytorch', 'onnxruntime'):
-                    out = subprocess.run([sys.executable, __file__, '--child', name, engine, path, str(height),
-                                          str(width), str(args.repeats)], capture_output=True, text=True)
-                    if out.returncode:
-                        raise RuntimeError(f'{name} {engine} {size_name} failed:\n{out.stderr[-3000:]}')
-                    measured = json.loads(out.stdout.strip().splitlines()[-1])
-                    row[f'{engine} ms'], row[f'{engine} peak RSS MiB'] = measured['ms'], measured['peak_rss_mib']
-                    if returns == 'detections':
-                        row[f'{engine} detections'] = measured['first_output_shape'][0]
-                row['onnxruntime / pytorch speed'] = row['pytorch ms'] / row['onnxruntime ms']
+                    row.update(in_child('memory', name, engine, path, height, width))
                 if 'floor ms' in row:
                     row['pytorch / floor'] = row['pytorch ms'] / row['floor ms']
                     row['onnxruntime / floor'] = row['onnxruntime ms'] / row['floor ms']
                 rows.append(row)
                 print(row, flush=True)
-    columns = ['model', 'input', 'pytorch ms', 'onnxruntime ms', 'onnxruntime / pytorch speed',
+    columns = ['model', 'input', 'pytorch ms', 'onnxruntime ms', 'speed',
                'pytorch peak RSS MiB', 'onnxruntime peak RSS MiB', 'GFLOPs', 'floor ms', 'pytorch / floor',
                'onnxruntime / floor']
     table = markdown_table(rows, columns)
