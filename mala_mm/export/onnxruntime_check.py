@@ -3,8 +3,11 @@ import math
 from typing import Dict, List, Sequence
 
 # How far ONNX Runtime's detections may be from mmdet's: boxes, as a share of the image's longer side; scores;
-# the intersection over union of each detection's two binary masks; masks as probabilities (uint8 times 255, with
-# mask_thr_binary < 0): a box a thousandth of a pixel off moves a small box's 28 mask cells by a visible step
+# the intersection over union of each detection's two binary masks; for masks as probabilities (uint8 times 255,
+# mask_thr_binary < 0), the share of each mask's pixels where the two differ by more than 0.01. Not the largest
+# difference: mmdet on CPU pastes a mask up to a pixel past the floor and ceiling of its box's edges, so an edge
+# a rounding away from an integer adds or drops a column of the mask's faint rim (binary masks at thresholds of
+# 0.5 and above never hold those pixels)
 DETECTION_BOUNDS = dict(boxes=1e-3, scores=1e-4, masks=0.99, mask_probabilities=0.01)
 
 import torch
@@ -73,15 +76,17 @@ def compare_detections(expected: Sequence[Tensor], produced: Sequence[Tensor], i
                        ) -> List[Dict[str, object]]:
     """Per output of paired detections, what differs and whether it is within ``DETECTION_BOUNDS``: the largest
     box coordinate difference over ``image_size``, the largest score difference, the number of unequal labels,
-    the smallest mask IoU (1 where both masks are empty) or, for uint8 masks, their largest difference."""
+    the smallest mask IoU (1 where both masks are empty) or, for uint8 masks, the largest share of a mask's pixels
+    off by more than 0.01."""
     rows = []
     for name, ours, theirs in zip(['boxes', 'scores', 'labels', 'masks'], expected, produced):
         row = dict(output=name, shape=tuple(ours.shape))
         if name == 'labels':
             row.update(measure='unequal', value=int((ours != theirs).sum()), bound=0)
         elif name == 'masks' and ours.dtype == torch.uint8:  # probabilities times 255, rounded down
-            difference = (theirs.int() - ours.int()).abs().max().item() / 255 if ours.numel() else 0.0
-            row.update(measure='max abs / 255', value=difference, bound=DETECTION_BOUNDS['mask_probabilities'])
+            off = (theirs.int() - ours.int()).abs() > 0.01 * 255
+            share = off.flatten(1).float().mean(1).max().item() if ours.numel() else 0.0
+            row.update(measure='pixels off by > 0.01', value=share, bound=DETECTION_BOUNDS['mask_probabilities'])
         elif name == 'masks':
             ours, theirs = ours.reshape(len(ours), -1).bool(), theirs.reshape(len(theirs), -1).bool()
             union = (ours | theirs).sum(1)

@@ -62,9 +62,8 @@ class ImageToTensors(nn.Module):
         """The normalised image padded at the bottom and right to multiples of ``pad_size_divisor``, as the
         detector's data preprocessor pads a batch."""
         divisor = self.pad_size_divisor
-        height, width = x.shape[2], x.shape[3]
-        return nn.functional.pad(x, (0, (divisor - width % divisor) % divisor, 0, (divisor - height % divisor) % divisor),
-                                 value=self.pad_value)
+        right, bottom = (divisor - x.shape[3] % divisor) % divisor, (divisor - x.shape[2] % divisor) % divisor
+        return nn.functional.pad(x, (0, right, 0, bottom), value=self.pad_value)
 
     def forward(self, image: Tensor) -> Tuple[Tensor, ...]:
         """image: (B, 3, H, W) float32, 0-255, channels in the loaded order."""
