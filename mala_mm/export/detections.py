@@ -97,27 +97,37 @@ class BoxDecoder:
         return boxes.reshape(-1, 4 * per_prior)
 
 
-def anchors(head: nn.Module, cls_scores: Sequence[Tensor]) -> Sequence[Tensor]:
-    """The anchors of each level's (1, A * C, h, w) map, as (h * w * A, 4) x1 y1 x2 y2."""
-    return head.prior_generator.grid_priors([score.shape[-2:] for score in cls_scores], dtype=cls_scores[0].dtype,
-                                            device=cls_scores[0].device)
+class AnchorHeadOutputs(nn.Module):
+    """The base of an anchor head's post-processing: the head, its box decoder and its test config's settings.
+
+    Args:
+        head: an mmdet anchor head with sigmoid class scores and ``DeltaXYWHBBoxCoder`` boxes.
+    """
+
+    def __init__(self, head: nn.Module):
+        super().__init__()
+        owner = type(head).__name__
+        problems = []
+        if not getattr(head, 'use_sigmoid_cls', False):
+            problems.append('softmax class scores')
+        if not hasattr(head.prior_generator, 'base_anchors'):
+            problems.append(f'priors from {type(head.prior_generator).__name__}, not an anchor generator')
+        if problems:
+            raise ExportError(f'{owner} has ' + ', '.join(problems) + '; the export supports anchor heads with '
+                              'sigmoid scores')
+        self.head, self.decode = head, BoxDecoder(head.bbox_coder, owner)
+        cfg = head.test_cfg
+        self.iou_threshold = nms_iou_threshold(cfg, owner)
+        self.score_thr, self.nms_pre = cfg.get('score_thr', 0), cfg.get('nms_pre', -1)
+        self.min_bbox_size, self.max_per_img = cfg.get('min_bbox_size', -1), cfg.max_per_img
+
+    def anchors(self, cls_scores: Sequence[Tensor]) -> Sequence[Tensor]:
+        """The anchors of each level's (1, A * C, h, w) map, as (h * w * A, 4) x1 y1 x2 y2."""
+        return self.head.prior_generator.grid_priors([score.shape[-2:] for score in cls_scores],
+                                                     dtype=cls_scores[0].dtype, device=cls_scores[0].device)
 
 
-def check_anchor_head(head: nn.Module) -> str:
-    """``head``'s name for messages, once it is known to have sigmoid scores and an anchor generator."""
-    owner = type(head).__name__
-    problems = []
-    if not getattr(head, 'use_sigmoid_cls', False):
-        problems.append('softmax class scores')
-    if not hasattr(head.prior_generator, 'base_anchors'):
-        problems.append(f'priors from {type(head.prior_generator).__name__}, not an anchor generator')
-    if problems:
-        raise ExportError(f'{owner} has ' + ', '.join(problems) + '; the export supports anchor heads with '
-                          'sigmoid scores')
-    return owner
-
-
-class DenseDetections(nn.Module):
+class DenseDetections(AnchorHeadOutputs):
     """An anchor head's detections for one image, computed as its ``predict_by_feat`` does, in exportable ops.
 
     Per level, the class scores above ``score_thr`` (at most ``nms_pre`` of them, the highest); their anchors'
@@ -130,14 +140,8 @@ class DenseDetections(nn.Module):
     """
 
     def __init__(self, head: nn.Module):
-        super().__init__()
-        owner = check_anchor_head(head)
-        self.head, self.decode = head, BoxDecoder(head.bbox_coder, owner)
-        cfg = head.test_cfg
-        self.iou_threshold = nms_iou_threshold(cfg, owner)
+        super().__init__(head)
         self.num_classes = head.cls_out_channels
-        self.score_thr, self.nms_pre = cfg.get('score_thr', 0), cfg.get('nms_pre', -1)
-        self.min_bbox_size, self.max_per_img = cfg.get('min_bbox_size', -1), cfg.max_per_img
 
     def forward(self, features: Sequence[Tensor], height, width) -> Tuple[Tensor, Tensor, Tensor]:
         """The neck's (1, C, h, w) maps and the image's height and width (before padding).
@@ -150,7 +154,7 @@ class DenseDetections(nn.Module):
                               f'{type(self.head).__name__} also returns {len(outputs) - 2} more (score factors)')
         cls_scores, bbox_preds = outputs
         boxes, scores, labels = [], [], []
-        for level_scores, level_deltas, level_priors in zip(cls_scores, bbox_preds, anchors(self.head, cls_scores)):
+        for level_scores, level_deltas, level_priors in zip(cls_scores, bbox_preds, self.anchors(cls_scores)):
             level_scores = level_scores[0].permute(1, 2, 0).reshape(-1).sigmoid()
             candidates = (level_scores > self.score_thr).nonzero()[:, 0]
             order = level_scores[candidates].argsort(descending=True)

@@ -88,7 +88,7 @@ def compare_detections(expected: Sequence[Tensor], produced: Sequence[Tensor], i
             share = off.flatten(1).float().mean(1).max().item() if ours.numel() else 0.0
             row.update(measure='pixels off by > 0.01', value=share, bound=DETECTION_BOUNDS['mask_probabilities'])
         elif name == 'masks':
-            ours, theirs = ours.reshape(len(ours), -1).bool(), theirs.reshape(len(theirs), -1).bool()
+            ours, theirs = ours.flatten(1).bool(), theirs.flatten(1).bool()
             union = (ours | theirs).sum(1)
             iou = torch.where(union > 0, (ours & theirs).sum(1) / union.clamp(min=1), torch.ones_like(union))
             row.update(measure='min IoU', value=iou.min().item() if len(iou) else 1.0, bound=DETECTION_BOUNDS[name])
