@@ -139,7 +139,6 @@ class RoIBoxes(nn.Module):
 
     def __init__(self, roi_head: nn.Module):
         super().__init__()
-        check_roi_head(roi_head)
         extractors, heads = roi_head_parts(roi_head, 'bbox')
         self.extractors = nn.ModuleList(RoIFeatures(extractor) for extractor in extractors)
         self.heads = nn.ModuleList(heads)
@@ -213,7 +212,6 @@ class InstanceMasks(nn.Module):
 
     def __init__(self, roi_head: nn.Module):
         super().__init__()
-        check_roi_head(roi_head)
         extractors, heads = roi_head_parts(roi_head, 'mask')
         for head in heads:
             if not hasattr(head, 'class_agnostic') or not hasattr(head, 'conv_logits'):
@@ -249,6 +247,7 @@ class TwoStageDetections(nn.Module):
 
     def __init__(self, model: nn.Module):
         super().__init__()
+        check_roi_head(model.roi_head)
         self.proposals = RegionProposals(model.rpn_head)
         self.boxes = RoIBoxes(model.roi_head)
         self.masks: Optional[InstanceMasks] = InstanceMasks(model.roi_head) if model.roi_head.with_mask else None
