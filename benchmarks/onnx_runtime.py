@@ -42,8 +42,8 @@ MODELS = {
 EXPORT_SHAPE = (256, 320)
 
 
-def build(name: str):
-    """The module PyTorch times and the one that is exported, for model ``name``, both eval."""
+def build(name: str, exportable: bool = False):
+    """Model ``name`` in eval: what PyTorch times, or with ``exportable`` what is exported."""
     from mala_mm import MALA
     from mala_mm.export import ImageToTensors
     torch.manual_seed(0)
@@ -51,23 +51,26 @@ def build(name: str):
     if config is None:
         model = MALA(arch='tiny').eval()
         model.init_weights()
-        return model, model
+        return model
     from mala_mm.cli import build_model, read_config
     options = {'model.backbone.init_cfg': None}
     if returns == 'detections':
         options['model.test_cfg.rcnn.score_thr'] = 0.0
     model = build_model(read_config(os.path.join(ROOT, config), options))
-    nms = returns == 'detections'
-    return ImageToTensors(model, exportable=False, nms=nms).eval(), ImageToTensors(model, nms=nms).eval()
+    return ImageToTensors(model, exportable=exportable, nms=returns == 'detections').eval()
+
+
+def onnxruntime_session(onnx_path: str):
+    """ONNX Runtime's CPU session with its default options and as many intra-op threads as torch has."""
+    import onnxruntime
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    return onnxruntime.InferenceSession(onnx_path, options, providers=['CPUExecutionProvider'])
 
 
 def engines(name: str, onnx_path: str, image: torch.Tensor) -> Dict[str, Callable[[], Sequence]]:
     """One forward of each engine on ``image``, as a function."""
-    import onnxruntime
-    module = build(name)[0]
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = torch.get_num_threads()
-    session = onnxruntime.InferenceSession(onnx_path, options, providers=['CPUExecutionProvider'])
+    module, session = build(name), onnxruntime_session(onnx_path)
     feed = {session.get_inputs()[0].name: image.numpy()}
 
     def pytorch():
@@ -99,14 +102,10 @@ def child_memory(name: str, engine: str, onnx_path: str, height: int, width: int
     """The peak resident memory (MiB) of a process that runs one engine once."""
     image = torch.rand(1, 3, height, width) * 255
     if engine == 'pytorch':
-        module = build(name)[0]
         with torch.no_grad():
-            module(image)
+            build(name)(image)
     else:
-        import onnxruntime
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = torch.get_num_threads()
-        session = onnxruntime.InferenceSession(onnx_path, options, providers=['CPUExecutionProvider'])
+        session = onnxruntime_session(onnx_path)
         session.run(None, {session.get_inputs()[0].name: image.numpy()})
     return {f'{engine} peak RSS MiB': peak_rss_mib()}
 
@@ -143,7 +142,7 @@ def forward_gflops(module, height: int, width: int) -> float:
     return 2 * sum(macs.values()) / 1e9
 
 
-def export(name: str, module, path: str):
+def export(module, path: str):
     from mala_mm.export import ImageToTensors, export_onnx
     example = torch.rand(1, 3, *EXPORT_SHAPE) * 255
     if isinstance(module, ImageToTensors):
@@ -172,9 +171,9 @@ def main():
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for name, (_, returns, sizes) in MODELS.items():
-            reference, exportable = build(name)
             path = os.path.join(folder, 'model.onnx')
-            export(name, exportable, path)
+            export(build(name, exportable=True), path)
+            reference = build(name) if returns != 'detections' else None
             for size_name in sizes:
                 height, width = SIZES[size_name]
                 row = {'model': name, 'graph returns': returns, 'input': size_name}
