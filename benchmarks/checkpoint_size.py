@@ -15,8 +15,7 @@ from mmengine.logging import MMLogger
 from mmengine.optim import build_optim_wrapper
 
 from common import markdown_table, write_results
-from mala_mm.cli import build_model, read_config
-from mala_mm.cli import fit_optim_wrapper_to_device
+from mala_tools import build_model, fit_optim_wrapper_to_device, read_config
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs')
 MIB = 2 ** 20

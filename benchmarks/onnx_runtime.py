@@ -52,7 +52,7 @@ def build(name: str, exportable: bool = False):
         model = MALA(arch='tiny').eval()
         model.init_weights()
         return model
-    from mala_mm.cli import build_model, read_config
+    from mala_tools import build_model, read_config
     options = {'model.backbone.init_cfg': None}
     if returns == 'detections':
         options['model.test_cfg.rcnn.score_thr'] = 0.0

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from conftest import ROOT
-from mala_mm.cli import ToolError
-from mala_mm.cli.bundle import bundle_packages, installed_closure, make_bundle, marker_environment, python_tag
+from mala_tools import ToolError
+from mala_tools.bundle import bundle_packages, installed_closure, make_bundle, marker_environment, python_tag
 
 INSTALL_SH = os.path.join(ROOT, 'tools', 'bundle_install.sh')
 PHASES = ('install', 'fidelity', 'attention', 'backbone', 'dense', 'compile')

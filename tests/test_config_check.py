@@ -7,7 +7,7 @@ import pytest
 from mmengine.config import Config
 
 from conftest import ROOT, call_tool, load_config
-from mala_mm.cli import config_check
+from mala_tools import config_check
 
 CONFIG_ROOT = Path(ROOT) / 'configs'
 DET_CONFIG = str(CONFIG_ROOT / 'detection/mask_rcnn_mala_t_builtin.py')

@@ -14,7 +14,7 @@ from mmengine.registry import PARAM_SCHEDULERS, init_default_scope
 from torch import nn
 
 from conftest import BUILTIN_CONFIGS, CONFIG_ROOT, LEAF_CONFIGS, load_config
-from mala_mm.cli import model_zoo
+from mala_tools import model_zoo
 from mala_mm import MALA
 from mala_mm.sample_inputs import data_samples
 

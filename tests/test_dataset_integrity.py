@@ -77,4 +77,4 @@ def test_too_many_undecodable_images_stop_the_run_with_their_list(workspace):
     assert 'error: 3 images could not be decoded, more than LoadImageOrSkip.max_skipped=2:' in result.stderr
     listed = [line for line in result.stderr.splitlines() if line.startswith('  data/builtin/images/training/')]
     assert len(listed) == 3 and all(line.endswith('bytes)') for line in listed)
-    assert 'python -m mala_mm.cli.check_dataset' in result.stderr and 'Traceback' not in result.stderr
+    assert 'python tools/check_dataset.py' in result.stderr and 'Traceback' not in result.stderr

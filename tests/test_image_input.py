@@ -8,7 +8,7 @@ import torch
 from mmengine.registry import DefaultScope
 
 from conftest import ROOT, call_tool, load_config
-from mala_mm.cli import build_model
+from mala_tools import build_model
 from mala_mm.datasets import (BuiltinDatasetParams, EmptyDataFileError, check_data_paths,
                               generate_builtin_dataset)
 
@@ -74,7 +74,7 @@ def test_empty_image_stops_the_tool_before_the_run(builtin_dataset):
     assert errors == [
         "error: empty files in the dataset under 'data/builtin/': data/builtin/images/validation/000001.jpg (a "
         "download or copy that stopped part way leaves these). To fix it, generate it again with: "
-        "python -m mala_mm.cli.make_builtin_dataset --out data/builtin --force"]
+        "python tools/make_builtin_dataset.py --out data/builtin --force"]
     assert 'Traceback' not in result.stderr
 
 

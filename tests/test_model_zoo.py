@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from conftest import call_tool, load_config
-from mala_mm.cli import model_zoo
+from mala_tools import model_zoo
 from mala_mm import MALA
 
 REPO = Path(__file__).resolve().parents[1]

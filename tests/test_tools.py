@@ -10,8 +10,8 @@ import torch
 from mmengine.config import Config
 
 from conftest import ROOT, call_tool, load_config, run_tool
-from mala_mm.cli import ToolError, build_model
-from mala_mm.cli.machine_fit import REMOVED, describe_changes, fit_optim_wrapper_to_device, sync_bn_to_bn
+from mala_tools import ToolError, build_model
+from mala_tools.machine_fit import REMOVED, describe_changes, fit_optim_wrapper_to_device, sync_bn_to_bn
 from hostile_pickles import WritesAFile
 
 DET_CONFIG = osp.join(ROOT, 'configs/detection/mask_rcnn_mala_t_builtin.py')
@@ -33,7 +33,7 @@ def test_missing_dataset_names_the_folder_and_the_command(config, tmp_path):
     assert result.returncode == 2, result.stderr[-2000:]
     assert "dataset not found under 'data/builtin/'" in result.stderr
     assert 'data/builtin/images/training' in result.stderr
-    assert 'python -m mala_mm.cli.make_builtin_dataset --out data/builtin' in result.stderr
+    assert 'python tools/make_builtin_dataset.py --out data/builtin' in result.stderr
     assert 'Traceback' not in result.stderr
 
 
@@ -47,7 +47,7 @@ def test_missing_dataset_through_the_launcher(tmp_path, slow_rank):
                       PYTHONPATH=osp.join(osp.dirname(__file__), 'slow_rank'))
     assert result.returncode != 0
     output = result.stdout + result.stderr
-    assert output.count('python -m mala_mm.cli.make_builtin_dataset --out data/builtin') == 1, output[-3000:]
+    assert output.count('python tools/make_builtin_dataset.py --out data/builtin') == 1, output[-3000:]
 
 
 def test_missing_pretrained_weights_are_named_before_training(tmp_path):

@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from mala_mm.cli import build_model, read_config, tool_main
+from mala_tools import build_model, read_config, tool_main
 from mala_mm.sample_inputs import data_samples
 
 

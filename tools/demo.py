@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from mmengine.structures import PixelData
 
-from mala_mm.cli import build_model, fail, read_config, require_file, tool_main
+from mala_tools import build_model, fail, read_config, require_file, tool_main
 
 
 def parse_args():

@@ -12,7 +12,7 @@ Example:
 import argparse
 
 from mala_mm.analysis.flops import count_model_macs
-from mala_mm.cli import build_model, read_config, tool_main
+from mala_tools import build_model, read_config, tool_main
 
 # the paper's input sizes (H, W)
 DEFAULT_SHAPES = {'mmdet': (800, 1280), 'mmseg': (512, 2048)}

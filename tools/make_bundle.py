@@ -10,8 +10,8 @@ Examples:
 """
 import argparse
 
-from mala_mm.cli import tool_main
-from mala_mm.cli.bundle import DEFAULT_PLATFORMS, folder_mib, make_bundle
+from mala_tools import tool_main
+from mala_tools.bundle import DEFAULT_PLATFORMS, folder_mib, make_bundle
 
 
 def main():

@@ -7,7 +7,7 @@ import argparse
 
 import torch
 
-from mala_mm.cli import (add_common_args, config_errors, data_problems, fit_optim_wrapper_to_device,
+from mala_tools import (add_common_args, config_errors, data_problems, fit_optim_wrapper_to_device,
                          head_class_problems, load_config, missing_weight_files, preflight, report_changes,
                          require_gpus_where_the_machine_has_them, run_runner, setup_distributed, tool_main,
                          warn_about_config)

@@ -88,7 +88,7 @@ class LoadImageOrSkip(LoadImageFromFile):
             listing = '\n'.join(f'  {p}: {r}' for p, r in self.skipped.items())
             raise TooManyUndecodableImages(
                 f'{len(self.skipped)} images could not be decoded, more than LoadImageOrSkip.max_skipped='
-                f'{self.max_skipped}:\n{listing}\nFind them all with `python -m mala_mm.cli.check_dataset CONFIG`.')
+                f'{self.max_skipped}:\n{listing}\nFind them all with `python tools/check_dataset.py CONFIG`.')
         MMLogger.get_current_instance().warning(
             f'skipping undecodable image {path} ({reason}); {len(self.skipped)} of at most {self.max_skipped} '
             f'skipped in this loading process')

@@ -18,6 +18,7 @@ Example:
 """
 import argparse
 import os
+import sys
 from typing import Dict, Optional, Sequence
 
 import cv2
@@ -25,6 +26,8 @@ import matplotlib
 import matplotlib.ticker
 
 matplotlib.use('Agg')
+# the tools' shared package, tools/mala_tools (a script's own folder, here tools/analysis, is the one on sys.path)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -32,7 +35,7 @@ from torch import Tensor  # noqa: E402
 
 from mala_mm.analysis.attention_scores import (KINDS, BlockAttention, capture_block, magnitude_curves,  # noqa: E402
                                                score_matrix)
-from mala_mm.cli import build_backbone, fail, tool_main  # noqa: E402
+from mala_tools import build_backbone, fail, tool_main  # noqa: E402
 from mala_mm.models import MALA  # noqa: E402
 
 # the configs' data_preprocessor (ImageNet statistics, RGB)

@@ -1,8 +1,11 @@
-"""What the command-line tools share: one way to stop on an error, config loading and checks (the heads' classes
-against the data's among them), one way from a config to a model (``build_model``, ``build_backbone``), the
-distributed set-up that also works without CUDA, the config changes that fit a run to the machine (printed, and
-in the dumped config), the refusal to run on CPU where the machine has GPUs, and the commands a pip-installed
-package runs as modules (``python -m mala_mm.cli.make_builtin_dataset``, ``python -m mala_mm.cli.check_dataset``).
+"""What the command-line tools in ``tools/`` share, kept beside them and out of the installed ``mala_mm``: one way
+to stop on an error, config loading and checks (the heads' classes against the data's among them), one way from a
+config to a model (``build_model``, ``build_backbone``), the distributed set-up that also works without CUDA, the
+config changes that fit a run to the machine (printed, and in the dumped config), the refusal to run on CPU where
+the machine has GPUs, the offline bundle and the README's model-zoo tables.
+
+A tool run as ``python tools/NAME.py`` finds this package because Python puts the script's folder first on
+``sys.path``; the tests have ``tools`` on theirs (pytest.ini).
 """
 from .config_check import config_problems
 from .device import require_gpus_where_the_machine_has_them
