@@ -9,7 +9,7 @@ from mmengine.registry import DefaultScope
 
 from conftest import ROOT, call_tool, load_config
 from mala_tools import build_model
-from mala_mm.datasets import (BuiltinDatasetParams, EmptyDataFileError, check_data_paths,
+from mala_mm.datasets import (BuiltinDatasetParams, EmptyDataFileError, check_data_paths, empty_data_files,
                               generate_builtin_dataset)
 
 DET_CONFIG = osp.join(ROOT, 'configs/detection/mask_rcnn_mala_t_builtin.py')
@@ -85,6 +85,19 @@ def test_empty_label_map_is_found(builtin_dataset, monkeypatch):
     with pytest.raises(EmptyDataFileError, match=r'data/builtin/annotations/training/000000\.png'):
         check_data_paths(cfg, ('train_dataloader', 'val_dataloader'))
     check_data_paths(cfg, ('val_dataloader', ))  # the validation split is whole
+
+
+def test_folders_beyond_the_scan_limit_are_not_searched_for_empty_files(builtin_dataset, monkeypatch):
+    # COCO's 123k images would cost a size lookup each at every start; annotation files are always checked
+    monkeypatch.chdir(builtin_dataset)
+    (builtin_dataset / 'data/builtin/annotations/training/000000.png').write_bytes(b'')
+    cfg = load_config(SEG_CONFIG)
+    loaders = ('train_dataloader', )
+    assert empty_data_files(cfg, loaders, limit=4) == ['data/builtin/annotations/training/000000.png']
+    assert empty_data_files(cfg, loaders, limit=3) == []
+    (builtin_dataset / 'data/builtin/annotations/instances_val.json').write_bytes(b'')
+    det_cfg = load_config(DET_CONFIG)
+    assert empty_data_files(det_cfg, ('val_dataloader', ), limit=0) == ['data/builtin/annotations/instances_val.json']
 
 
 def test_corrupt_image_is_named(builtin_dataset):

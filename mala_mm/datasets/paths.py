@@ -1,12 +1,17 @@
-"""Checking, before a run starts, that the folders a config's datasets read exist and hold no empty files."""
+"""Checking, before a run starts, that the folders a config's datasets read exist and (where cheap) hold no empty
+files."""
 import os
 import os.path as osp
-from typing import Iterator, List, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 from .builtin import GENERATE_COMMAND
 
 
 ALL_DATALOADERS = ('train_dataloader', 'val_dataloader', 'test_dataloader')
+# The image and label folders are searched for empty files where that is cheap: up to this many files in all (the
+# built-in dataset, a small dataset of one's own). One size lookup per file would cost every start of a COCO run
+# (123k images) minutes on a network file system; tools/check_dataset.py decodes every image when asked.
+EMPTY_SCAN_LIMIT = 10_000
 
 
 class DatasetNotFoundError(FileNotFoundError):
@@ -79,26 +84,32 @@ def missing_data_paths(cfg, dataloaders=ALL_DATALOADERS) -> List[str]:
     return [p for p in dict.fromkeys(paths) if not osp.exists(p)]
 
 
-def _empty_files(path: str) -> Iterator[str]:
-    if osp.isfile(path):
-        if osp.getsize(path) == 0:
-            yield path
-    elif osp.isdir(path):
-        with os.scandir(path) as entries:
+def _files_under(folders: List[str], limit: int) -> Optional[List[os.DirEntry]]:
+    """The files in ``folders`` at any depth, or None as soon as there are more than ``limit``. Listing reads
+    names and types only, a few calls per thousand files even on a network file system."""
+    files: List[os.DirEntry] = []
+    pending = list(folders)
+    while pending:
+        with os.scandir(pending.pop()) as entries:
             for entry in entries:
                 if entry.is_dir():
-                    yield from _empty_files(entry.path)
-                elif entry.is_file() and entry.stat().st_size == 0:
-                    yield entry.path
+                    pending.append(entry.path)
+                elif entry.is_file():
+                    files.append(entry)
+                    if len(files) > limit:
+                        return None
+    return files
 
 
-def empty_data_files(cfg, dataloaders=ALL_DATALOADERS) -> List[str]:
-    """Empty files (what a download or copy stopped part way leaves) among the annotation files and in the
-    image/label folders, at any depth, of ``cfg``'s dataloaders and their evaluators. Sizes only: no file is
-    opened."""
+def empty_data_files(cfg, dataloaders=ALL_DATALOADERS, limit: int = EMPTY_SCAN_LIMIT) -> List[str]:
+    """Empty files (what a download or copy stopped part way leaves) among the annotation files of ``cfg``'s
+    dataloaders and their evaluators, and in their image/label folders at any depth where these hold ``limit``
+    files or fewer in all. Sizes only: no file is opened."""
     paths = {path: None for dataset_cfg in _leaf_datasets(cfg, dataloaders) for path in _paths(dataset_cfg)}
     paths.update((path, None) for _, path in evaluator_files(cfg, dataloaders))
-    return [empty for path in paths for empty in _empty_files(path)]
+    empty = [path for path in paths if osp.isfile(path) and osp.getsize(path) == 0]
+    files = _files_under([path for path in paths if osp.isdir(path)], limit) or []
+    return empty + [entry.path for entry in files if entry.stat().st_size == 0]
 
 
 def _roots(cfg, dataloaders) -> List[str]:
