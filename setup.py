@@ -19,8 +19,8 @@ setup(
         # the floor measured (docs/get_started.md#tested-versions): torch 2.1, the torch of OpenMMLab's prebuilt
         # mmcv 2.1.0 wheels, so that an existing mmdet 3.x environment keeps its torch
         'torch>=2.1',
-        # mala_mm.engine's AtomicCheckpointHook overrides private members of mmengine's CheckpointHook, whose file
-        # is the same in 0.10.0 to 0.10.7 (tests/test_mmengine_contract.py fails on one that changes them)
+        # the tested series; AtomicCheckpointHook relies on CheckpointHook deleting through its file backend
+        # (tests/test_atomic_checkpoints.py)
         'mmengine>=0.10.0,<0.11',
         # mmdet 3.3 and mmseg 1.2 assert mmcv < 2.2.0; mmcv is installed first, with its compiled ops,
         # by tools/setup_env.sh (it has no binary wheels on PyPI).

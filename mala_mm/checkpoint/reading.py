@@ -73,6 +73,10 @@ def _local_path(filename: str) -> str:
 def _allowed_objects() -> Dict[str, object]:
     """'module.name' -> object, for every global a checkpoint's pickle may name: torch's own allow-list for
     ``weights_only`` loading and :data:`SAFE_GLOBALS` (a ``(callable, name)`` entry stands in for ``name``)."""
+    # The one private member of another library that this package reads. torch has no public view of the default
+    # allow-list (torch.serialization.get_safe_globals() lists only what add_safe_globals added), and its public
+    # route, torch.load(weights_only=True) with add_safe_globals, starts at torch 2.4 while setup.py allows 2.1;
+    # the tested torch 2.1.2 and 2.13 both have this function.
     from torch import _weights_only_unpickler
     allowed = dict(_weights_only_unpickler._get_allowed_globals())
     for entry in SAFE_GLOBALS:

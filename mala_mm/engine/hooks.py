@@ -9,14 +9,15 @@
 import glob
 import os
 import os.path as osp
-from typing import List
+from contextlib import contextmanager
+from typing import Callable, Iterable, List, Optional
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _NormBase
 from mmengine.dist import all_reduce_params, get_rank, is_distributed, is_main_process
-from mmengine.fileio import LocalBackend
+from mmengine.fileio import LocalBackend, register_backend
 from mmengine.hooks import CheckpointHook, Hook
 from mmengine.registry import HOOKS
 
@@ -40,108 +41,108 @@ def write_text_durably(path: str, text: str) -> None:
     replace_durably(f'{path}.part', path)
 
 
+class AtomicLocalBackend(LocalBackend):
+    """mmengine's local file backend, registered as ``'atomic_local'``, whose writes are atomic and durable:
+    ``put`` and ``put_text`` write ``<path>.part`` and rename it to ``<path>`` once complete and on disk.
+
+    Inside :meth:`removals_after`, ``remove`` only records a path; the files are removed when the block ends
+    without an error, so that a file is never removed before what replaces it is written.
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.deferred_removals: Optional[List[str]] = None
+
+    def put(self, obj: bytes, filepath) -> None:
+        super().put(obj, f'{filepath}.part')
+        replace_durably(f'{filepath}.part', str(filepath))
+
+    def put_text(self, obj: str, filepath, encoding: str = 'utf-8') -> None:
+        super().put_text(obj, f'{filepath}.part', encoding)
+        replace_durably(f'{filepath}.part', str(filepath))
+
+    def remove(self, filepath) -> None:
+        if self.deferred_removals is None:
+            super().remove(filepath)
+        else:
+            self.deferred_removals.append(str(filepath))
+
+    @contextmanager
+    def removals_after(self, keep: Callable[[], Iterable[str]] = tuple):
+        """Defer ``remove`` to the end of the block, then remove what was asked for except the paths ``keep()``
+        returns then (a file written again under the name it replaces)."""
+        self.deferred_removals = []
+        try:
+            yield
+            kept = set(map(str, keep()))
+            for path in self.deferred_removals:
+                if path not in kept and osp.isfile(path):
+                    super().remove(path)
+        finally:
+            self.deferred_removals = None
+
+
+register_backend('atomic_local', AtomicLocalBackend)
+
+
 @HOOKS.register_module()
 class AtomicCheckpointHook(CheckpointHook):
     """:class:`~mmengine.hooks.CheckpointHook` that survives being killed while it saves.
 
-    mmengine's hook first deletes the oldest checkpoint beyond ``max_keep_ckpts``, then writes the new one
-    under its final name: a kill during the write leaves a truncated file and, with ``max_keep_ckpts=1``, no
-    usable checkpoint at all. This hook writes ``<name>.part``, renames it to ``<name>`` once complete, points
-    ``last_checkpoint`` at it (also by a rename), and only then deletes outdated checkpoints. A ``.part`` file
-    left by a killed run is removed when training starts again.
+    mmengine's hook first deletes the oldest checkpoint beyond ``max_keep_ckpts`` (and the previous best), then
+    writes the new one under its final name: a kill during the write leaves a truncated file and, with
+    ``max_keep_ckpts=1``, no usable checkpoint at all. This hook saves to local folders through
+    :class:`AtomicLocalBackend`: every checkpoint is written as ``<name>.part`` and renamed once complete, and the
+    files mmengine deletes are deleted only after the hook's save has finished, ``last_checkpoint`` by then
+    pointing at the new one. A ``.part`` file left by a killed run is removed when training starts again.
 
-    ``save_best`` checkpoints are written the same way: the new best under ``<name>.part``, renamed once
-    complete, and only then is the previous best deleted (mmengine deletes it first).
-
-    Takes the same arguments as ``CheckpointHook``. Checkpoints on remote storage, whose objects are written
-    whole, are saved as mmengine saves them.
+    Takes the same arguments as ``CheckpointHook``. Checkpoints on remote storage (an ``out_dir`` URL, or
+    ``backend_args``/``file_client_args`` of the config's own), whose objects are written whole, are saved as
+    mmengine saves them.
     """
 
     def before_train(self, runner) -> None:
+        if self.backend_args is None and self.file_client_args is None and '://' not in str(self.out_dir or ''):
+            self.backend_args = dict(backend='atomic_local')
         super().before_train(runner)
-        if isinstance(self.file_backend, LocalBackend) and is_main_process():
+        if isinstance(self.file_backend, AtomicLocalBackend) and is_main_process():
             pattern = osp.join(self.out_dir, self.filename_tmpl.replace('{}', '*') + '.part')
-            for leftover in glob.glob(pattern):
+            for leftover in glob.glob(pattern) + glob.glob(osp.join(self.out_dir, 'best_*.part')):
                 os.remove(leftover)
 
-    def _save_checkpoint_with_step(self, runner, step, meta):
-        if not isinstance(self.file_backend, LocalBackend):
-            return super()._save_checkpoint_with_step(runner, step, meta)
-        outdated = self._track_kept_checkpoints(runner, step)
-        filename = self.filename_tmpl.format(step)
-        self.last_ckpt = self.file_backend.join_path(self.out_dir, filename)
-        runner.message_hub.update_info('last_ckpt', self.last_ckpt)
-        runner.save_checkpoint(
-            self.out_dir,
-            f'{filename}.part',
-            self.file_client_args,
-            save_optimizer=self.save_optimizer,
-            save_param_scheduler=self.save_param_scheduler,
-            meta=meta,
-            by_epoch=self.by_epoch,
-            backend_args=self.backend_args,
-            **self.args)
-        if not is_main_process():  # only the main process writes
+    @contextmanager
+    def _saving(self, runner):
+        """Around each of mmengine's hook methods that may save: the removals it asks for wait until its save
+        is complete and ``last_checkpoint`` names the new checkpoint durably."""
+        if not isinstance(self.file_backend, AtomicLocalBackend):
+            yield
             return
-        replace_durably(f'{self.last_ckpt}.part', self.last_ckpt)
-        write_text_durably(osp.join(runner.work_dir, 'last_checkpoint'), self.last_ckpt)
-        for old_step in outdated:
-            old_path = self.file_backend.join_path(self.out_dir, self.filename_tmpl.format(old_step))
-            if osp.isfile(old_path):
-                os.remove(old_path)
+        last = self.last_ckpt
+        with self.file_backend.removals_after(keep=self._current_files):
+            yield
+            if self.last_ckpt != last and is_main_process():
+                write_text_durably(osp.join(runner.work_dir, 'last_checkpoint'), self.last_ckpt)
 
-    def _save_best_checkpoint(self, runner, metrics) -> None:
-        if not self.save_best or not isinstance(self.file_backend, LocalBackend):
-            return super()._save_best_checkpoint(runner, metrics)
-        step = runner.epoch if self.by_epoch else runner.iter
-        if 'auto' in self.key_indicators:
-            self._init_rule(self.rules, [list(metrics.keys())[0]])
-        improved = False
-        single = len(self.key_indicators) == 1
-        for indicator, rule in zip(self.key_indicators, self.rules):
-            # mmengine's message-hub keys, so that resuming and mmengine's own hook read them alike
-            score_key, path_key = (('best_score', 'best_ckpt') if single
-                                   else (f'best_score_{indicator}', f'best_ckpt_{indicator}'))
-            best = runner.message_hub.runtime_info.get(score_key, self.init_value_map[rule])
-            score = metrics.get(indicator)
-            if score is None or not self.is_better_than[indicator](score, best):
-                continue
-            improved = True
-            previous = self.best_ckpt_path if single else self.best_ckpt_path_dict.get(indicator)
-            name = f'best_{indicator}_{self.filename_tmpl.format(step)}'.replace('/', '_')
-            path = self.file_backend.join_path(self.out_dir, name)
-            runner.save_checkpoint(self.out_dir, filename=f'{name}.part', file_client_args=self.file_client_args,
-                                   save_optimizer=False, save_param_scheduler=False,
-                                   meta=dict(epoch=runner.epoch, iter=runner.iter), by_epoch=False,
-                                   backend_args=self.backend_args)
-            if is_main_process():
-                replace_durably(f'{path}.part', path)
-                if previous and previous != path and osp.isfile(previous):
-                    os.remove(previous)
-            runner.message_hub.update_info(score_key, score)
-            runner.message_hub.update_info(path_key, path)
-            if single:
-                self.best_ckpt_path = path
-            else:
-                self.best_ckpt_path_dict[indicator] = path
-            runner.logger.info(f'The best checkpoint with {score:0.4f} {indicator} at '
-                               f'{"epoch" if self.by_epoch else "iter"} {step} is saved to {name}.')
-        # the latest regular checkpoint holds the message hub: save it again so that a resumed run knows the
-        # new best (and deletes the right file when a better one comes)
-        if improved and self.last_ckpt is not None:
-            self._save_checkpoint_with_step(runner, step, dict(epoch=runner.epoch, iter=runner.iter))
+    def _current_files(self) -> List[str]:
+        # the best checkpoints' paths exist with save_best only
+        best = [getattr(self, 'best_ckpt_path', None), *getattr(self, 'best_ckpt_path_dict', {}).values()]
+        return [path for path in (self.last_ckpt, *best) if path]
 
-    def _track_kept_checkpoints(self, runner, step) -> list:
-        """Record ``step`` among the kept checkpoints (the list is saved in the checkpoint, so a resumed run
-        goes on deleting the right files); return the steps whose checkpoints are now outdated."""
-        if self.max_keep_ckpts <= 0 or (self.keep_ckpt_ids and self.keep_ckpt_ids[-1] == step):
-            return []
-        outdated = []
-        if len(self.keep_ckpt_ids) == self.max_keep_ckpts:
-            outdated.append(self.keep_ckpt_ids.popleft())
-        self.keep_ckpt_ids.append(step)
-        runner.message_hub.update_info('keep_ckpt_ids', list(self.keep_ckpt_ids))
-        return outdated
+    def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
+        with self._saving(runner):
+            super().after_train_iter(runner, batch_idx, data_batch, outputs)
+
+    def after_train_epoch(self, runner) -> None:
+        with self._saving(runner):
+            super().after_train_epoch(runner)
+
+    def after_val_epoch(self, runner, metrics) -> None:
+        with self._saving(runner):
+            super().after_val_epoch(runner, metrics)
+
+    def after_train(self, runner) -> None:
+        with self._saving(runner):
+            super().after_train(runner)
 
 
 @HOOKS.register_module()

@@ -16,7 +16,7 @@ class AveragingAdaptivePool2d(nn.Module):
 
     def __init__(self, output_size):
         super().__init__()
-        self.output_size = nn.modules.utils._pair(output_size)
+        self.output_size = (output_size, output_size) if isinstance(output_size, int) else tuple(output_size)
 
     @staticmethod
     def averaging_matrix(length, bins: int, like: Tensor) -> Tensor:

@@ -7,10 +7,9 @@ from .errors import build_error_message, fail
 
 def build_runner(cfg):
     # also for configs without custom_imports: the hooks, the CPU mixed-precision optim wrapper, and checkpoints
-    # (load_from, resume) read as data
+    # (load_from, resume) read as data; a module runs once per process, whether imported here or by the config
     import mala_mm.engine  # noqa: F401
-    from mala_mm.checkpoint import use_safe_loading
-    use_safe_loading()
+    import mala_mm.safe_loading  # noqa: F401
     runners = importlib.import_module(f'{cfg.default_scope}.registry').RUNNERS
     if 'runner_type' in cfg:
         return runners.build(cfg)

@@ -45,7 +45,7 @@ class MALA(BaseModule):
         with_cp: activation checkpointing in every block.
         compile: run the stem and stages through ``torch.compile`` with ``fullgraph=True, dynamic=True`` (torch
             >= 2.4): one graph for training and one for eval across input sizes, except that inductor's CPU code
-            adds one where a sum over tokens crosses 4096 elements (docs/benchmarks.md). True, or a dict of further
+            adds one where a sum over tokens crosses 4096 elements (docs/dev/benchmarks.md). True, or a dict of further
             ``torch.compile`` arguments (``mode``, ``backend``, ``options``; it may also override ``dynamic``).
             Parameters and state dict are unchanged; tracing and export see the plain forward.
         init_cfg: dict(type='Pretrained', checkpoint=PATH_OR_URL) loads a released classification checkpoint,
@@ -192,7 +192,7 @@ class MALA(BaseModule):
                 elif isinstance(m, (nn.LayerNorm, _BatchNorm)):
                     nn.init.ones_(m.weight)
                     nn.init.zeros_(m.bias)
-        self._is_init = True
+        self.is_init = True
 
     def forward(self, x: Tensor) -> tuple:
         """x: (B, in_channels, H, W), any H, W >= 1. Returns, per out index i, a contiguous
