@@ -11,7 +11,7 @@ import numpy as np
 from mmcv.transforms import TRANSFORMS, LoadImageFromFile
 from mmengine.logging import MMLogger
 
-from .paths import _dataset_cfgs
+from .paths import keyed_dataset_cfgs
 
 
 def decode_problem(path: str) -> Optional[str]:
@@ -46,7 +46,7 @@ def split_image_paths(cfg, split: str) -> List[str]:
     init_default_scope(cfg.default_scope)
     datasets = importlib.import_module(f'{cfg.default_scope}.registry').DATASETS
     paths = []
-    for dataset_cfg in _dataset_cfgs(cfg[f'{split}_dataloader']['dataset']):
+    for _, dataset_cfg in keyed_dataset_cfgs(cfg[f'{split}_dataloader']['dataset'], ''):
         dataset = datasets.build({**dataset_cfg, 'pipeline': [], 'lazy_init': False})
         paths += [dataset.get_data_info(i)['img_path'] for i in range(len(dataset))]
     return paths

@@ -4,6 +4,7 @@ import os
 import os.path as osp
 from typing import Iterator, List, Optional, Tuple
 
+from ..config_tree import config_dicts
 from .builtin import GENERATE_COMMAND
 
 
@@ -22,21 +23,13 @@ class EmptyDataFileError(OSError):
     """A dataset file is empty: the image decoder would stop on it without naming it."""
 
 
-def _dataset_cfgs(dataset_cfg) -> Iterator[dict]:
-    """The leaf dataset configs, looking through wrappers such as RepeatDataset and ConcatDataset."""
-    for _, leaf in _keyed_dataset_cfgs(dataset_cfg, ''):
-        yield leaf
-
-
-def _keyed_dataset_cfgs(dataset_cfg, key: str) -> Iterator[Tuple[str, dict]]:
-    """(dotted config key, config) of each leaf dataset under ``dataset_cfg``, which is at ``key``."""
-    if 'dataset' in dataset_cfg:
-        yield from _keyed_dataset_cfgs(dataset_cfg['dataset'], f'{key}.dataset')
-    elif 'datasets' in dataset_cfg:
-        for index, child in enumerate(dataset_cfg['datasets']):
-            yield from _keyed_dataset_cfgs(child, f'{key}.datasets.{index}')
-    else:
-        yield key, dataset_cfg
+def keyed_dataset_cfgs(dataset_cfg, key: str) -> Iterator[Tuple[str, dict]]:
+    """(dotted config key, config) of each leaf dataset under ``dataset_cfg``, which is at ``key``, looking
+    through wrappers such as RepeatDataset (``dataset``) and ConcatDataset (``datasets``)."""
+    wrapped = ('dataset', 'datasets')
+    for where, part in config_dicts(dataset_cfg, key, only=wrapped):
+        if not any(name in part for name in wrapped):
+            yield where, part
 
 
 def _paths(dataset_cfg: dict) -> Iterator[str]:
@@ -52,7 +45,7 @@ def keyed_leaf_datasets(cfg, dataloaders) -> List[Tuple[str, dict]]:
     """(dotted config key, config) of each leaf dataset of ``cfg``'s ``dataloaders`` (names such as
     'train_dataloader'), e.g. ('train_dataloader.dataset.dataset', ...) under a RepeatDataset."""
     return [keyed for key in dataloaders if cfg.get(key) is not None
-            for keyed in _keyed_dataset_cfgs(cfg[key]['dataset'], f'{key}.dataset')]
+            for keyed in keyed_dataset_cfgs(cfg[key]['dataset'], f'{key}.dataset')]
 
 
 def _leaf_datasets(cfg, dataloaders) -> List[dict]:

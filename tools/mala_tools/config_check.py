@@ -9,6 +9,8 @@ from typing import Iterator, List, Optional
 
 from mmengine.runner import Runner
 
+from mala_mm.config_tree import config_dicts
+
 # top-level keys that mmengine's Runner reads besides its constructor's arguments, or these tools read
 OTHER_TOP_LEVEL_KEYS = ('custom_imports', 'runner_type', 'model_wrapper_cfg', 'find_unused_parameters', 'sync_bn',
                         'compile', 'activation_checkpointing', 'efficient_conv_bn_eval')
@@ -72,17 +74,17 @@ def _check_typed(cfg, path: str, scope: str, registry_names, extra_keys=()) -> I
             yield from _unknown_keys(cfg, cls, path, extra_keys)
 
 
-def _check_model(node, path: str, scope: str, holder: str = 'model') -> Iterator[str]:
+def _check_model(model: dict, scope: str) -> Iterator[str]:
     """Every dict with a type, at any depth: a module builds its parts from the configs it is given."""
-    if isinstance(node, dict):
-        scope = node.get('_scope_', scope)  # a scope holds for everything built inside
+    scopes = {}  # dotted key of each dict -> the scope that holds for what is built inside it
+    for where, part in config_dicts(model, 'model'):
+        parent = where.rsplit('.', 1)[0]
+        while parent not in scopes and '.' in parent:  # through the lists between a dict and its parent dict
+            parent = parent.rsplit('.', 1)[0]
+        scopes[where] = part.get('_scope_', scopes.get(parent, scope))
+        holder = next(name for name in reversed(where.split('.')) if not name.isdigit())
         taken = [key for name, keys in TAKEN_BY_HOLDER.items() if holder.endswith(name) for key in keys]
-        yield from _check_typed(node, path, scope, MODEL_REGISTRIES, taken)
-        for key, value in node.items():
-            yield from _check_model(value, f'{path}.{key}', scope, key)
-    elif isinstance(node, (list, tuple)):
-        for index, value in enumerate(node):
-            yield from _check_model(value, f'{path}.{index}', scope, holder)
+        yield from _check_typed(part, where, scopes[where], MODEL_REGISTRIES, taken)
 
 
 def _check_loop(cfg, key: str, scope: str) -> Iterator[str]:
@@ -139,7 +141,7 @@ def config_problems(cfg, scope: Optional[str] = None) -> List[str]:
     scope = scope or cfg.get('default_scope')
     problems = []
     if isinstance(cfg.get('model'), dict):
-        problems += _check_model(cfg['model'], 'model', scope)
+        problems += _check_model(cfg['model'], scope)
     problems += _check_runner_parts(cfg, scope)
     return problems
 

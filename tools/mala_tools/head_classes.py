@@ -6,7 +6,7 @@ from typing import Iterator, List, Optional, Tuple
 
 from mala_mm.datasets.paths import keyed_leaf_datasets
 
-from .config_tree import config_dicts
+from mala_mm.config_tree import config_dicts
 
 # parts of a model whose num_classes is not the dataset's: an RPN scores objectness, one class
 NOT_THE_DATASETS_CLASSES = ('rpn_head', )

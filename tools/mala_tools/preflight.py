@@ -4,7 +4,7 @@ from typing import Callable, Iterator, List, Tuple
 
 import torch.distributed as dist
 
-from .config_tree import config_dicts
+from mala_mm.config_tree import config_dicts
 from .distributed import close_distributed
 from .errors import ToolError, fail, local_rank, missing_local_file, print_error
 
