@@ -9,6 +9,7 @@ import os.path as osp
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -43,9 +44,18 @@ def fake_nvidia_smi(path, gpus: int) -> str:
 
 
 def fake_torch_interpreter(path, torch_version: str, cuda: str, gpus: int) -> str:
-    """An interpreter that answers the launchers' question about its torch as the given build would: version, CUDA
-    version, GPUs it can use, CPU cores."""
-    return executable(path, f'#!/bin/sh\necho "{torch_version} {cuda} {gpus} 64"\n')
+    """An interpreter whose torch is the given build: this test's Python with a stand-in torch module first on its
+    path, answering the launchers' check (tools/mala_tools/device.py) with that build's version, CUDA version and
+    usable GPUs, and failing ``torch.cuda.init()`` as a CUDA build without a usable driver does."""
+    stand_in = path.parent / 'torch_build' / 'torch'
+    stand_in.mkdir(parents=True, exist_ok=True)
+    (stand_in / '__init__.py').write_text(
+        f'__version__ = {torch_version!r}\n'
+        f'class version:\n    cuda = {None if cuda == "none" else cuda!r}\n'
+        f'class cuda:\n    is_available = staticmethod(lambda: {gpus} > 0)\n'
+        f'    device_count = staticmethod(lambda: {gpus})\n'
+        f'    def init():\n        raise RuntimeError("Found no NVIDIA driver on your system.")\n')
+    return executable(path, f'#!/bin/sh\nPYTHONPATH={stand_in.parent}:$PYTHONPATH exec {sys.executable} "$@"\n')
 
 
 def cpu_torch(tmp_path) -> str:
@@ -114,6 +124,7 @@ def test_python_on_path_in_a_checkout_without_venv(tmp_path):
     checkout_tools.mkdir(parents=True)
     for script in ('find_python.sh', 'dist_checks.sh', 'dist_train.sh'):
         shutil.copy(osp.join(ROOT, 'tools', script), checkout_tools)
+    shutil.copytree(osp.join(ROOT, 'tools', 'mala_tools'), checkout_tools / 'mala_tools')
     on_path = python_wrapper(tmp_path / 'bin' / 'python')
     env = launcher_env(tmp_path, PATH=f'{tmp_path / "bin"}:{os.environ["PATH"]}')
     first = refused_for_too_many_processes(tmp_path, env, tools=str(checkout_tools))
@@ -146,16 +157,16 @@ def test_a_gpu_machine_refuses_a_cpu_torch(tmp_path, probe):
     assert result.returncode == 2, result.stderr[-3000:]
     first, error = result.stderr.splitlines()
     assert FIRST_LINE.fullmatch(first)
-    assert error == (f'error: this machine has 2 NVIDIA GPUs, but the chosen python, {python}, has torch '
-                     f'2.13.0+cpu, built without CUDA; activate the environment with a CUDA torch or set '
-                     f'PYTHON to its python (MALA_MM_ALLOW_CPU=1 runs on CPU anyway)')
+    assert error == (f'error: {socket.gethostname()} has 2 NVIDIA GPUs, but torch 2.13.0+cpu is built without CUDA; '
+                     f'install the torch build for this driver (docs/get_started.md#which-torch-for-which-driver), '
+                     f'or set MALA_MM_ALLOW_CPU=1 to run on CPU anyway')
 
 
 def test_the_opt_in_runs_a_cpu_torch_on_a_gpu_machine(tmp_path):
     env = launcher_env(tmp_path, PYTHON=cpu_torch(tmp_path), MALA_MM_ALLOW_CPU='1',
                        MALA_MM_NVIDIA_SMI=fake_nvidia_smi(tmp_path / 'nvidia-smi', gpus=2))
     result = launch(['dist_train.sh', DET_CONFIG, '65'], env, tmp_path)
-    # past the GPU check: the process count is then checked against the interpreter's 64 CPU cores
+    # past the GPU check: the process count is then checked against the machine's CPU cores
     assert result.returncode == 2, result.stderr[-3000:]
     first, note, error = result.stderr.splitlines()
     assert FIRST_LINE.fullmatch(first)
@@ -165,7 +176,8 @@ def test_the_opt_in_runs_a_cpu_torch_on_a_gpu_machine(tmp_path):
 
 @pytest.mark.parametrize('torch_gpus, machine_gpus, processes, error', [
     (8, 8, '9', re.escape('error: asked for 9 processes, but this machine has 8 CUDA GPUs; pass GPUS <= 8')),
-    (0, 1, '1', 'error: .*' + re.escape('has torch 2.5.1+cu124, built with CUDA 12.4 but sees no GPU') + '.*'),
+    (0, 1, '1', 'error: .*' + re.escape('has 1 NVIDIA GPU, but torch 2.5.1+cu124 (CUDA 12.4) cannot use them: '
+                                        'Found no NVIDIA driver on your system.') + '.*'),
 ])
 def test_a_cuda_torch_is_shown_with_the_gpus_it_sees_and_they_bound_the_launch(
         tmp_path, torch_gpus, machine_gpus, processes, error):
@@ -187,9 +199,9 @@ def test_an_interpreter_that_cannot_run_the_launch_is_one_line(tmp_path, interpr
     if interpreter == 'no torch':
         python = executable(tmp_path / 'python', '#!/bin/sh\necho "Traceback (most recent call last):" >&2\n'
                                                  'echo "ModuleNotFoundError: No module named \'torch\'" >&2\nexit 1\n')
-        expected = (f"error: cannot import torch with {python} (chosen by PYTHON): ModuleNotFoundError: No module "
-                    f"named 'torch'; activate the environment that has the stack (docs/get_started.md) or set "
-                    f"PYTHON to its python")
+        expected = (f"error: {python} (chosen by PYTHON) cannot run the launch check: ModuleNotFoundError: No "
+                    f"module named 'torch'; activate the environment that has the stack (docs/get_started.md) or "
+                    f"set PYTHON to its python")
     else:
         python = str(tmp_path / 'no_such_python')
         expected = (f"error: the interpreter '{python}' (chosen by PYTHON) does not exist; set PYTHON to the python "
@@ -209,7 +221,7 @@ def test_slurm_launchers_check_the_interpreter_before_submitting(tmp_path):
     env['MALA_MM_NVIDIA_SMI'] = fake_nvidia_smi(tmp_path / 'nvidia-smi', gpus=8)
     result = launch(['slurm_train.sh', 'gpu', 'job', DET_CONFIG, 'work'], env, tmp_path)
     assert result.returncode == 2 and result.stdout == ''
-    assert 'error: this machine has 8 NVIDIA GPUs' in result.stderr
+    assert re.search(r'error: \S+ has 8 NVIDIA GPUs', result.stderr), result.stderr
 
 
 @pytest.mark.slow  # a training run
