@@ -15,7 +15,9 @@ from mmengine.logging import MMLogger
 from mmengine.optim import build_optim_wrapper
 
 from common import markdown_table, write_results
-from mala_tools import build_model, fit_optim_wrapper_to_device, read_config
+from mala_tools.config import read_config
+from mala_tools.machine_fit import fit_optim_wrapper_to_device
+from mala_tools.model import build_model
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs')
 MIB = 2 ** 20

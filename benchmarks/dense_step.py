@@ -13,7 +13,8 @@ import os
 import torch
 
 from common import markdown_table, peak_mib, time_ms, write_results
-from mala_tools import build_model, read_config
+from mala_tools.config import read_config
+from mala_tools.model import build_model
 from mala_mm.reference import reference_backbone
 from mala_mm.sample_inputs import data_samples
 

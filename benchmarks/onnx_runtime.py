@@ -52,7 +52,8 @@ def build(name: str, exportable: bool = False):
         model = MALA(arch='tiny').eval()
         model.init_weights()
         return model
-    from mala_tools import build_model, read_config
+    from mala_tools.config import read_config
+    from mala_tools.model import build_model
     options = {'model.backbone.init_cfg': None}
     if returns == 'detections':
         options['model.test_cfg.rcnn.score_thr'] = 0.0

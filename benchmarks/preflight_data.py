@@ -15,7 +15,9 @@ import time
 import torch
 
 from common import markdown_table, write_results
-from mala_tools import config_errors, data_problems, head_class_problems, missing_weight_files, read_config
+from mala_tools.config import config_errors, read_config
+from mala_tools.head_classes import head_class_problems
+from mala_tools.preflight import data_problems, missing_weight_files
 
 from mala_mm.datasets import empty_data_files
 from mala_mm.datasets.paths import EMPTY_SCAN_LIMIT

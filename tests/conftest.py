@@ -81,7 +81,7 @@ def pytest_configure(config):
         os.environ.setdefault('OMP_NUM_THREADS', str(share))
 
 
-# The files that take longest, longest first (seconds in `.ci/run` on 2 cores: docs/get_started.md#the-test-suite).
+# The files that take longest, longest first (seconds in `.ci/run` on 2 cores: docs/dev/testing.md).
 # The suite's wall time is at least that of its longest file, which therefore has to start at once.
 LONGEST_FILES = ('test_end_to_end.py', 'test_custom_dataset.py', 'test_bundle.py', 'test_cluster.py',
                  'test_export.py', 'test_compile.py')
@@ -114,7 +114,7 @@ def pytest_runtest_logreport(report):
 def pytest_terminal_summary(terminalreporter):
     """The time each test file took (set-up, call and tear-down of its tests, shared fixtures charged to the
     first test that asks for them) and the suite's wall time: what a new test is sized against
-    (docs/get_started.md#the-test-suite)."""
+    (docs/dev/testing.md)."""
     if not _SECONDS_BY_FILE:
         return
     terminalreporter.section('time per test file')

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import ROOT
-from mala_tools import ToolError
+from mala_tools.errors import ToolError
 from mala_tools.bundle import bundle_packages, installed_closure, make_bundle, marker_environment, python_tag
 
 INSTALL_SH = os.path.join(ROOT, 'tools', 'bundle_install.sh')

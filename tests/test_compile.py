@@ -17,7 +17,7 @@ NARROW = dict(embed_dims=[16, 32, 64, 64], depths=[1, 1, 1, 1], num_heads=[1, 2,
 RECIPE_SIZES = [(480, 736), (800, 1344), (576, 864), (704, 1056), (512, 512), (640, 1152)]
 # two small sizes, not multiples of 64: below every sum of 4096 floats, above which inductor's C++ reductions switch
 # to a chunked accumulator and guard on it (at the recipe's sizes that gives a CPU three training graphs and two eval
-# graphs, docs/benchmarks.md)
+# graphs, docs/dev/benchmarks.md)
 SMALL_SIZES = [(128, 192), (160, 96)]
 # inductor's compile time grows with the kernels it generates: a MALA stage and a softmax stage, one block each
 TWO_STAGES = dict(arch=dict(embed_dims=[16, 32], depths=[1, 1], num_heads=[1, 2]), attn_types=('mala', 'softmax'),

@@ -221,7 +221,7 @@ def test_trained_two_stage_detectors_export_to_mmdets_detections_in_plain_onnx(r
     Runtime finds the detections mmdet's ``predict`` finds, within DETECTION_BOUNDS (the same count, equal labels,
     boxes within a thousandth of the image, scores within 1e-4, each mask's IoU at least 0.99)."""
     import onnx
-    from mala_tools import build_model
+    from mala_tools.model import build_model
     from mala_mm.export import DETECTION_BOUNDS, ImageToTensors, compare_in_onnxruntime
     checkpoint = str(request.getfixturevalue(training)[1])
     path = tmp_path / 'detector.onnx'

@@ -9,7 +9,7 @@ import torch
 
 from conftest import ROOT, call_tool, load_config
 from mala_mm import MALA
-from mala_tools import build_model
+from mala_tools.model import build_model
 from mala_mm.export import ExportError, ImageToTensors, check_shape, compare_in_onnxruntime, export_onnx
 from mala_mm.sample_inputs import data_samples, image_metainfo
 

@@ -10,7 +10,7 @@ from torch import nn
 from conftest import ROOT, call_tool, load_config
 from mala_mm import MALA
 from mala_mm.analysis.flops import attention_macs, count_macs, count_model_macs
-from mala_tools import build_model
+from mala_tools.model import build_model
 
 
 def run_get_flops(*args):

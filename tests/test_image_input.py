@@ -8,7 +8,7 @@ import torch
 from mmengine.registry import DefaultScope
 
 from conftest import ROOT, call_tool, load_config
-from mala_tools import build_model
+from mala_tools.model import build_model
 from mala_mm.datasets import (BuiltinDatasetParams, EmptyDataFileError, check_data_paths, empty_data_files,
                               generate_builtin_dataset)
 

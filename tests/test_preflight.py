@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from conftest import BUILTIN_CONFIGS, CONFIG_ROOT, LEAF_CONFIGS, call_tool, load_config
-from mala_tools import head_class_problems
+from mala_tools.head_classes import head_class_problems
 from mala_mm.datasets import DatasetNotFoundError, check_data_paths
 
 ALL_LOADERS = ('train_dataloader', 'val_dataloader', 'test_dataloader')

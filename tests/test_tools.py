@@ -10,7 +10,8 @@ import torch
 from mmengine.config import Config
 
 from conftest import ROOT, call_tool, load_config, run_tool
-from mala_tools import ToolError, build_model
+from mala_tools.errors import ToolError
+from mala_tools.model import build_model
 from mala_tools.machine_fit import REMOVED, describe_changes, fit_optim_wrapper_to_device, sync_bn_to_bn
 from hostile_pickles import WritesAFile
 

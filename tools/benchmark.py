@@ -12,7 +12,9 @@ import time
 
 import torch
 
-from mala_tools import build_model, read_config, tool_main
+from mala_tools.config import read_config
+from mala_tools.errors import tool_main
+from mala_tools.model import build_model
 from mala_mm.sample_inputs import data_samples
 
 

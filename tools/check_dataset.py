@@ -12,7 +12,8 @@ from mmengine.config import DictAction
 from mala_mm.datasets import (DatasetNotFoundError, EmptyDataFileError, check_data_paths, split_image_paths,
                               undecodable_images)
 
-from mala_tools import fail, read_config, tool_main
+from mala_tools.config import read_config
+from mala_tools.errors import fail, tool_main
 
 
 def main():

@@ -15,7 +15,7 @@ from typing import Dict, List
 
 import torch
 
-from mala_tools import fail, tool_main
+from mala_tools.errors import fail, tool_main
 from mala_mm.checkpoint import CheckpointError, extract_backbone_state_dict, model_state, safe_load
 
 

@@ -14,7 +14,9 @@ import torch
 import torch.nn.functional as F
 from mmengine.structures import PixelData
 
-from mala_tools import build_model, fail, read_config, require_file, tool_main
+from mala_tools.config import read_config
+from mala_tools.errors import fail, require_file, tool_main
+from mala_tools.model import build_model
 
 
 def parse_args():

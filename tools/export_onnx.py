@@ -19,7 +19,9 @@ import torch
 from torch import nn
 from mmengine.config import DictAction
 
-from mala_tools import build_model, fail, read_config, tool_main
+from mala_tools.config import read_config
+from mala_tools.errors import fail, tool_main
+from mala_tools.model import build_model
 
 # how the export library's messages name its parameters, and the flags that set them here
 FLAGS = {'`shape`': '--shape', '`nms=True`': '--nms', '`backbone_only=True`': '--backbone-only',

@@ -2,7 +2,7 @@
 (``python tools/gen_model_zoo.py --help``; the logic is tools/mala_tools/model_zoo.py)."""
 from pathlib import Path
 
-from mala_tools import tool_main
+from mala_tools.errors import tool_main
 from mala_tools.model_zoo import main
 
 if __name__ == '__main__':

@@ -12,7 +12,9 @@ Example:
 import argparse
 
 from mala_mm.analysis.flops import count_model_macs
-from mala_tools import build_model, read_config, tool_main
+from mala_tools.config import read_config
+from mala_tools.errors import tool_main
+from mala_tools.model import build_model
 
 # the paper's input sizes (H, W)
 DEFAULT_SHAPES = {'mmdet': (800, 1280), 'mmseg': (512, 2048)}

@@ -9,7 +9,7 @@ import time
 
 from mala_mm.datasets import BuiltinDatasetParams, dataset_summary, generate_builtin_dataset
 
-from mala_tools import fail, tool_main
+from mala_tools.errors import fail, tool_main
 
 DEFAULTS = BuiltinDatasetParams()
 

@@ -10,7 +10,7 @@ Examples:
 """
 import argparse
 
-from mala_tools import tool_main
+from mala_tools.errors import tool_main
 from mala_tools.bundle import DEFAULT_PLATFORMS, folder_mib, make_bundle
 
 

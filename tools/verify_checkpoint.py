@@ -14,7 +14,9 @@ Examples:
 import argparse
 from typing import Dict
 
-from mala_tools import build_backbone, fail, read_config, tool_main
+from mala_tools.config import read_config
+from mala_tools.errors import fail, tool_main
+from mala_tools.model import build_backbone
 from mala_mm.checkpoint import (CheckpointError, StateDictComparison, compare_state_dict, extract_backbone_state_dict,
                                 safe_load)
 from mala_mm.models import MALA

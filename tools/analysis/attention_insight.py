@@ -35,7 +35,8 @@ from torch import Tensor  # noqa: E402
 
 from mala_mm.analysis.attention_scores import (KINDS, BlockAttention, capture_block, magnitude_curves,  # noqa: E402
                                                score_matrix)
-from mala_tools import build_backbone, fail, tool_main  # noqa: E402
+from mala_tools.errors import fail, tool_main  # noqa: E402
+from mala_tools.model import build_backbone  # noqa: E402
 from mala_mm.models import MALA  # noqa: E402
 
 # the configs' data_preprocessor (ImageNet statistics, RGB)
