@@ -7,7 +7,7 @@ import pytest
 
 from conftest import ROOT
 
-PAGES = sorted([Path(ROOT, 'README.md'), *Path(ROOT, 'docs').glob('*.md')])
+PAGES = sorted([Path(ROOT, 'README.md'), *Path(ROOT, 'docs').glob('**/*.md')])
 # a sibling checkout's shared folder, scratch and home folders, a development machine's work tree
 FOREIGN_PATH = re.compile(r'(?<![\w.])(\.\./shared/|/tmp/|/work/|/root/|/home/\w+)')
 # pip's extras unquoted: zsh expands the brackets as a glob and stops with "no matches found"

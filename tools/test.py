@@ -12,7 +12,7 @@ from mala_tools.errors import fail, missing_file, tool_main
 from mala_tools.head_classes import head_class_problems
 from mala_tools.machine_fit import report_changes
 from mala_tools.preflight import data_problems, preflight
-from mala_tools.runner import run_runner
+from mala_tools.runner import build_runner, ending_the_run
 
 
 def parse_args():
@@ -66,7 +66,8 @@ def main():
     preflight(lambda: [*config_errors(cfg, args.config, not args.skip_config_check),
                        *head_class_problems(cfg, ('test_dataloader', )),
                        *missing_file(args.checkpoint, 'checkpoint'), *data_problems(cfg, ('test_dataloader', ))])
-    run_runner(cfg, 'test')
+    with ending_the_run():
+        build_runner(cfg).test()
 
 
 if __name__ == '__main__':

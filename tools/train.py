@@ -14,7 +14,7 @@ from mala_tools.errors import tool_main
 from mala_tools.head_classes import head_class_problems
 from mala_tools.machine_fit import fit_optim_wrapper_to_device, report_changes
 from mala_tools.preflight import data_problems, missing_weight_files, preflight
-from mala_tools.runner import run_runner
+from mala_tools.runner import build_runner, ending_the_run
 
 
 def parse_args():
@@ -58,7 +58,8 @@ def main():
     preflight(lambda: [*config_errors(cfg, args.config, not args.skip_config_check), *problems,
                        *head_class_problems(cfg, loaders), *missing_weight_files(cfg, load_from_name),
                        *data_problems(cfg, loaders)])
-    run_runner(cfg, 'train')
+    with ending_the_run():
+        build_runner(cfg).train()
 
 
 if __name__ == '__main__':

@@ -45,7 +45,7 @@ def tool_main(main: Callable[[], object]) -> None:
     """Run a tool's ``main``. A :class:`ToolError`, or an error of this package that explains itself (a
     checkpoint that cannot be read or does not fit, arguments that cannot build a MALA), ends the process with
     ``error: <message>`` on stderr (once per job, not once per process) and exit status 2; anything else stays a
-    traceback. (``run_runner`` turns a run's other typed errors, too many undecodable images or skipped steps,
+    traceback. (``ending_the_run`` turns a run's other typed errors, too many undecodable images or skipped steps,
     into ToolError.)"""
     from mala_mm.checkpoint import CheckpointError
     from mala_mm.models import MALAConfigError
