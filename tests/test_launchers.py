@@ -122,7 +122,7 @@ def test_the_repository_venv_without_an_active_environment(tmp_path):
 def test_python_on_path_in_a_checkout_without_venv(tmp_path):
     checkout_tools = tmp_path / 'checkout' / 'tools'
     checkout_tools.mkdir(parents=True)
-    for script in ('find_python.sh', 'dist_checks.sh', 'dist_train.sh'):
+    for script in ('dist_checks.sh', 'dist_train.sh'):
         shutil.copy(osp.join(ROOT, 'tools', script), checkout_tools)
     shutil.copytree(osp.join(ROOT, 'tools', 'mala_tools'), checkout_tools / 'mala_tools')
     on_path = python_wrapper(tmp_path / 'bin' / 'python')

@@ -3,7 +3,7 @@
 # Environment: NNODES, NODE_RANK, MASTER_ADDR, PORT (multi-node; on one node torchrun chooses a free port
 # unless PORT is set), PYTHON, MALA_MM_ALLOW_CPU.
 # Interpreter: PYTHON if set, else the active environment's python ($VIRTUAL_ENV, else $CONDA_PREFIX), else the
-# repository's .venv, else python on PATH (tools/find_python.sh). The first line on stderr names it, its torch and
+# repository's .venv, else python on PATH (tools/dist_checks.sh). The first line on stderr names it, its torch and
 # CUDA, and why it was chosen. On a machine with NVIDIA GPUs whose chosen torch cannot use them, the launcher
 # stops (exit 2) instead of training on CPU; MALA_MM_ALLOW_CPU=1 runs it on CPU anyway.
 # Without CUDA the GPUS processes train on CPU with the gloo backend.

@@ -1,6 +1,6 @@
 # What slurm_train.sh, slurm_test.sh and slurm_batch.sh share, sourced by each.
 # Environment: GPUS (8), GPUS_PER_NODE (8), CPUS_PER_TASK (5), SRUN_ARGS, PYTHON, MALA_MM_ALLOW_CPU, MAX_RESTARTS.
-# Interpreter: chosen and checked as tools/dist_train.sh does (tools/find_python.sh), on the submitting machine;
+# Interpreter: chosen and checked as tools/dist_train.sh does (tools/dist_checks.sh), on the submitting machine;
 # on the compute nodes, train.py and test.py themselves refuse CPU where the node has GPUs that torch cannot use.
 source "$(dirname "${BASH_SOURCE[0]}")/dist_checks.sh"
 
