@@ -19,10 +19,13 @@ from mmengine.logging import HistoryBuffer
 _numpy_core = np.core if np.__version__.startswith('1.') else np._core  # renamed in numpy 2
 
 
+HISTORY_BUFFER_STATISTICS = ('min', 'max', 'mean', 'current')  # HistoryBuffer's own statistics methods
+
+
 def _history_buffer_statistic(owner, name: str):
     """Stands in for ``getattr`` while unpickling: mmengine's HistoryBuffer pickles its statistics methods as
     ``getattr(HistoryBuffer, 'mean')``; nothing else may be looked up."""
-    if owner is HistoryBuffer and name in HistoryBuffer._statistics_methods.keys() | {'min', 'max', 'mean', 'current'}:
+    if owner is HistoryBuffer and name in HISTORY_BUFFER_STATISTICS:
         return getattr(owner, name)
     owner_name = f'{getattr(owner, "__module__", "?")}.{getattr(owner, "__qualname__", owner)}'
     raise pickle.UnpicklingError(f'refused: getattr({owner_name}, {name!r})')
