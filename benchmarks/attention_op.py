@@ -11,7 +11,7 @@ import os
 import torch
 
 from common import markdown_table, peak_mib, time_ms, write_results
-from mala_mm.analysis.baselines import linear_attention
+from mala_tools.analysis.baselines import linear_attention
 from mala_mm.models.layers import RoPE2d, mala_attention, softmax_attention
 
 KINDS = {'mala': mala_attention, 'softmax': softmax_attention, 'linear': linear_attention}

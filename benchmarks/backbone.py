@@ -1,6 +1,6 @@
 """The backbone: images/s and peak memory of every variant at the dense-prediction input sizes.
 
-Compares this implementation with the explicit reference of the spec (same weights; ``mala_mm.reference`` with
+Compares this implementation with the explicit reference of the spec (same weights; ``mala_tools.reference`` with
 MALA in the release's linear order, softmax through its N x N matrix, RoPE tables rebuilt in every block, NCHW;
 tests/test_reference.py checks it against the release's outputs) and with mmdet's Swin-T, in eval and in a train
 step (forward + backward), and measures how the cost grows with the number of pixels when every stage uses MALA.
@@ -17,7 +17,7 @@ import torch
 
 from common import exact_fp32, markdown_table, peak_mib, time_ms, write_results
 from mala_mm import MALA
-from mala_mm.reference import reference_backbone
+from mala_tools.reference import reference_backbone
 
 SIZES = {'1280x800': (800, 1280), '512x2048': (512, 2048)}
 

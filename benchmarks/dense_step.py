@@ -1,7 +1,7 @@
 """One whole detector and segmentor step: Mask R-CNN MALA-T at 1333x800 and UperNet MALA-T at 512x512.
 
 Times a training step (loss forward + backward) and an inference step of the models the repository's configs
-build, with this backbone and with the explicit reference backbone of ``mala_mm.reference`` as baseline (same
+build, with this backbone and with the explicit reference backbone of ``mala_tools.reference`` as baseline (same
 weights; MALA in the release's linear order, softmax through its N x N matrix), and writes
 results/<device>/dense_step.{md,json}.
 
@@ -15,7 +15,7 @@ import torch
 from common import markdown_table, peak_mib, time_ms, write_results
 from mala_tools.config import read_config
 from mala_tools.model import build_model
-from mala_mm.reference import reference_backbone
+from mala_tools.reference import reference_backbone
 from mala_mm.sample_inputs import data_samples
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs')

@@ -15,7 +15,7 @@ from common import tf32
 from mala_mm import MALA
 from mala_mm.checkpoint import load_backbone_weights
 from mala_mm.models.layers import softmax_attention
-from mala_mm.reference import relative_error
+from mala_tools.reference import relative_error
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'tests', 'data')
 # precision -> (TF32 on, autocast dtype or None)

@@ -136,7 +136,7 @@ def sgemm_gflops(size: int = 2048, repeats: int = 5) -> float:
 
 def forward_gflops(module, height: int, width: int) -> float:
     """FLOPs of one forward, counted as tools/get_flops.py counts them (2 per multiply-accumulate)."""
-    from mala_mm.analysis.flops import count_macs
+    from mala_tools.analysis.flops import count_macs
     image = torch.rand(1, 3, height, width) * 255
     with torch.no_grad():
         macs = count_macs(lambda: module(image))

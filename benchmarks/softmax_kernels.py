@@ -15,7 +15,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from common import markdown_table, peak_mib, time_ms, write_results
 from mala_mm import MALA
-from mala_mm.reference import softmax_attention as explicit
+from mala_tools.reference import softmax_attention as explicit
 
 
 def sdpa_math(q, k, v):

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from mala_mm import reference
-from mala_mm.analysis.attention_scores import score_matrix
+from mala_tools import reference
+from mala_tools.analysis.attention_scores import score_matrix
 from mala_mm.models.layers import MALAttention, RoPE2d, SoftmaxAttention, apply_rope, mala_attention, softmax_attention
 
 B, HEADS, H, W, D = 2, 3, 5, 7, 8

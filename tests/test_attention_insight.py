@@ -1,4 +1,4 @@
-"""tools/analysis/attention_insight.py: its score maps (mala_mm.analysis.attention_scores) are the attention
+"""tools/analysis/attention_insight.py: its score maps (mala_tools.analysis.attention_scores) are the attention
 modules' own, and it writes its PNGs."""
 import cv2
 import numpy as np
@@ -7,7 +7,7 @@ import torch
 
 from conftest import ROOT, call_tool
 from mala_mm import MALA
-from mala_mm.analysis import attention_scores as insight
+from mala_tools.analysis import attention_scores as insight
 
 
 @pytest.fixture

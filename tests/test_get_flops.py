@@ -1,4 +1,4 @@
-"""tools/get_flops.py: its command line, and a count (mala_mm.analysis.flops) that includes the attention matmuls
+"""tools/get_flops.py: its command line, and a count (mala_tools.analysis.flops) that includes the attention matmuls
 as the paper's does."""
 import os.path as osp
 import re
@@ -9,7 +9,7 @@ from torch import nn
 
 from conftest import ROOT, call_tool, load_config
 from mala_mm import MALA
-from mala_mm.analysis.flops import attention_macs, count_macs, count_model_macs
+from mala_tools.analysis.flops import attention_macs, count_macs, count_model_macs
 from mala_tools.model import build_model
 
 

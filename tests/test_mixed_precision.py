@@ -1,5 +1,5 @@
 """MALA under bf16 and fp16 autocast: the attention against its explicit N x N form in fp64
-(``mala_mm.reference``), the backbone against fp32.
+(``mala_tools.reference``), the backbone against fp32.
 
 An error is the largest absolute deviation over the largest absolute value of the reference, and a tolerance is
 a multiple of the format's machine epsilon (bf16 2^-7, fp16 2^-10). The error is normalised by the tensor's
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from conftest import SMALL_ARCH, feature_loss
 from low_precision import DTYPES, LOW_PRECISIONS, MARKS, NAMES, cpu_autocast_takes
 from mala_mm import MALA, reference
-from mala_mm.reference import relative_error
+from mala_tools.reference import relative_error
 from mala_mm.models.layers import MALAttention, RoPE2d, mala_attention
 
 

@@ -1,10 +1,11 @@
-"""mala_mm.analysis.step_profile: every operator of a train step is charged to one part of the model, backward too."""
+"""mala_tools.analysis.step_profile: every operator of a train step is charged to one part of the model,
+backward too."""
 import math
 
 import torch
 
 from mala_mm import MALA
-from mala_mm.analysis.step_profile import PREFIX, charge, labelled_parts, profile, table_rows
+from mala_tools.analysis.step_profile import PREFIX, charge, labelled_parts, profile, table_rows
 from mala_mm.models.layers import attention as attention_module
 
 

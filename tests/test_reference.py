@@ -1,4 +1,4 @@
-"""The explicit reference (mala_mm.reference), the tests' oracle and the benchmarks' baseline: its two evaluation
+"""The explicit reference (mala_tools.reference), the tests' oracle and the benchmarks' baseline: its two evaluation
 orders of MALA agree, and its backbone reproduces the release's outputs and agrees with the model.
 
 Errors are max |ours - expected| / max |expected| per output, as in test_mixed_precision.py. Between the image and
@@ -15,7 +15,7 @@ import torch
 from conftest import DATA_DIR
 from mala_mm import MALA, reference
 from mala_mm.checkpoint import load_backbone_weights
-from mala_mm.reference import relative_error
+from mala_tools.reference import relative_error
 
 FP32_LAYERS = 4 + 6 + 3
 ONE_FP32_EVALUATION = FP32_LAYERS * torch.finfo(torch.float32).eps

@@ -1,6 +1,6 @@
 """Print the parameters and FLOPs of a detection or segmentation config's model.
 
-FLOPs are counted the paper's way (:mod:`mala_mm.analysis.flops`): multiply-accumulates of convolutions, linear
+FLOPs are counted the paper's way (:mod:`mala_tools.analysis.flops`): multiply-accumulates of convolutions, linear
 layers and matrix products (the attention matmuls and fused scaled-dot-product attention included) divided by
 2^30. What runs is the model's ``mode='tensor'`` forward on one random image: backbone, neck and heads without
 post-processing. For two-stage detectors that includes the RPN's proposals and the RoI heads on them; RoIAlign,
@@ -11,7 +11,7 @@ Example:
 """
 import argparse
 
-from mala_mm.analysis.flops import count_model_macs
+from mala_tools.analysis.flops import count_model_macs
 from mala_tools.config import read_config
 from mala_tools.errors import tool_main
 from mala_tools.model import build_model

@@ -1,7 +1,7 @@
 """Draw what a MALA block attends to, and how the three kinds of attention react to the query's magnitude.
 
 For one image, stage, block and head, the score maps of MALA, plain linear attention and softmax attention are
-computed from the block's own q and k (:mod:`mala_mm.analysis.attention_scores` says how). Two PNGs are written:
+computed from the block's own q and k (:mod:`mala_tools.analysis.attention_scores` says how). Two PNGs are written:
 
 - ``*_scores.png``: the image with the query marked, and the three score maps of that query over the image;
 - ``*_magnitude.png``: the paper's magnitude experiment. φ(q) is multiplied by a factor (q itself for softmax,
@@ -33,7 +33,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch import Tensor  # noqa: E402
 
-from mala_mm.analysis.attention_scores import (KINDS, BlockAttention, capture_block, magnitude_curves,  # noqa: E402
+from mala_tools.analysis.attention_scores import (KINDS, BlockAttention, capture_block, magnitude_curves,  # noqa: E402
                                                score_matrix)
 from mala_tools.errors import fail, tool_main  # noqa: E402
 from mala_tools.model import build_backbone  # noqa: E402

@@ -1,3 +1,3 @@
 """Measurements of models: FLOP counts (:mod:`.flops`), what an attention block attends to
 (:mod:`.attention_scores`) and where a backbone's train step spends its time (:mod:`.step_profile`). Import the
-module you need; ``import mala_mm`` does not load them."""
+module you need."""

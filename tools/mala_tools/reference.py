@@ -1,8 +1,8 @@
 """MALA written out explicitly from the spec: the tests' oracle and the benchmarks' baseline.
 
-Not imported by ``import mala_mm``; ``from mala_mm import reference``. Nothing here calls the forward code of
-:mod:`mala_mm.models`: the attention, RoPE and every block are computed term by term from the spec, in the
-default NCHW layout, with the RoPE tables rebuilt in every block and heads split by reshape + transpose +
+Development code, not part of the installed package: ``from mala_tools import reference``. Nothing here calls the
+forward code of :mod:`mala_mm.models`: the attention, RoPE and every block are computed term by term from the spec,
+in the default NCHW layout, with the RoPE tables rebuilt in every block and heads split by reshape + transpose +
 contiguous copy. Only plain torch layers (convs, norms) are reused, through their parameters.
 
 MALA, with phi(x) = elu(x) + 1, scale s = d^-1/2 and N tokens, weighs value j for query i by::
