@@ -18,7 +18,8 @@ import torch.nn.functional as F
 
 from conftest import SMALL_ARCH, feature_loss
 from low_precision import DTYPES, LOW_PRECISIONS, MARKS, NAMES, cpu_autocast_takes
-from mala_mm import MALA, reference
+from mala_mm import MALA
+from mala_tools import reference
 from mala_tools.reference import relative_error
 from mala_mm.models.layers import MALAttention, RoPE2d, mala_attention
 

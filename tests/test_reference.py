@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from conftest import DATA_DIR
-from mala_mm import MALA, reference
+from mala_mm import MALA
+from mala_tools import reference
 from mala_mm.checkpoint import load_backbone_weights
 from mala_tools.reference import relative_error
 
