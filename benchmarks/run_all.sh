@@ -12,6 +12,7 @@ export PYTHONPATH="$PWD/..${PYTHONPATH:+:$PYTHONPATH}"
 "$PY" backbone.py --device "$DEVICE" --dtype bf16 --scaling-sides "$@"
 if "$PY" -c 'import mmcv.ops' 2>/dev/null; then
     "$PY" dense_step.py --device "$DEVICE"
+    "$PY" preflight_data.py
 else
-    echo "dense_step.py skipped: it needs mmdet/mmseg with mmcv's compiled ops"
+    echo "dense_step.py and preflight_data.py skipped: they need mmdet/mmseg with mmcv's compiled ops"
 fi
