@@ -17,7 +17,8 @@ from mala_tools.errors import ToolError
 from mala_tools.bundle import bundle_packages, installed_closure, make_bundle, marker_environment, python_tag
 
 INSTALL_SH = os.path.join(ROOT, 'tools', 'bundle_install.sh')
-PHASES = ('install', 'fidelity', 'attention', 'backbone', 'dense', 'compile')
+# every phase of the quick check but the compiled backbone's, which test_compile.py checks with this torch
+PHASES = ('install', 'fidelity', 'attention', 'backbone', 'dense')
 # the suite's bounds on the release fixture (tests/test_backbone.py, BACKBONE of tests/test_mixed_precision.py)
 FP32_MAX_ABS_ERROR = 1e-4
 RELATIVE_BOUNDS = {'bf16 autocast': 12 * torch.finfo(torch.bfloat16).eps,
@@ -122,8 +123,10 @@ def offline(command):
 @pytest.mark.slow
 def test_bundle_installs_offline_into_a_fresh_torch_environment_and_the_quick_check_runs(tmp_path):
     """Python 3.11: the bundle from PyPI; a new venv with torch from the same source as this environment's; the
-    install with no network and mmcv's prebuilt wheel, then gpu_check.py --quick through install.sh --check. torch
-    is the same before and after; every phase wrote its table, all numbers finite, the fixture within bounds."""
+    install with no network and mmcv's prebuilt wheel, then gpu_check.py --quick through install.sh --check,
+    without its compile phase (79 s of the quick check's 142 here; inductor with this torch is test_compile.py's).
+    torch is the same before and after; every phase wrote its table, all numbers finite, the fixture within
+    bounds."""
     bundle, venv, results = tmp_path / 'bundle', tmp_path / 'venv', tmp_path / 'results'
     made = subprocess.run([sys.executable, os.path.join(ROOT, 'tools', 'make_bundle.py'), '--python', '3.11',
                            '--out', str(bundle)], capture_output=True, text=True, timeout=600)
@@ -136,7 +139,7 @@ def test_bundle_installs_offline_into_a_fresh_torch_environment_and_the_quick_ch
     env = {key: value for key, value in os.environ.items() if not key.startswith('PIP_')}
     env.update(PIP_CONFIG_FILE=os.devnull, MMCV_WHEEL_DIR=prebuilt_mmcv_dir(), CUDA_VISIBLE_DEVICES='')
     installed = subprocess.run(offline(['bash', str(bundle / 'install.sh'), '--python', python, '--check',
-                                        '--quick', '--out', str(results)]),
+                                        '--quick', '--skip', 'compile', '--out', str(results)]),
                                env=env, capture_output=True, text=True, timeout=900)
     assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
     assert torch_freeze(python) == torch_before == [f'torch=={torch.__version__}']
@@ -156,8 +159,6 @@ def test_bundle_installs_offline_into_a_fresh_torch_environment_and_the_quick_ch
             assert row['max_abs_error'] < FP32_MAX_ABS_ERROR, row
         else:
             assert row['relative_error'] < RELATIVE_BOUNDS[row['precision']], row
-    for row in json.loads((results / 'compile.json').read_text())['rows']:
-        assert row['graphs, 2 sizes'] == 1, row  # the two input sizes share the compiled graph
     dense = json.loads((results / 'dense.json').read_text())['rows']
     assert [row['first step skipped'] for row in dense] == [False, False]
     assert all(row['optim wrapper'].startswith('OptimWrapper (') for row in dense)
