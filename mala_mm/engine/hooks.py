@@ -35,12 +35,6 @@ def replace_durably(src: str, dst: str) -> None:
         os.close(directory)
 
 
-def write_text_durably(path: str, text: str) -> None:
-    with open(f'{path}.part', 'w') as f:
-        f.write(text)
-    replace_durably(f'{path}.part', path)
-
-
 class AtomicLocalBackend(LocalBackend):
     """mmengine's local file backend, registered as ``'atomic_local'``, whose writes are atomic and durable:
     ``put`` and ``put_text`` write ``<path>.part`` and rename it to ``<path>`` once complete and on disk.
@@ -121,7 +115,7 @@ class AtomicCheckpointHook(CheckpointHook):
         with self.file_backend.removals_after(keep=self._current_files):
             yield
             if self.last_ckpt != last and is_main_process():
-                write_text_durably(osp.join(runner.work_dir, 'last_checkpoint'), self.last_ckpt)
+                self.file_backend.put_text(self.last_ckpt, osp.join(runner.work_dir, 'last_checkpoint'))
 
     def _current_files(self) -> List[str]:
         # the best checkpoints' paths exist with save_best only
