@@ -14,7 +14,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from mmengine.config import Config
+
+# Where there is no GPU, the Triton kernels run on CPU tensors in Triton's interpreter, which Triton reads when a
+# kernel is defined: before the first import of mala_mm
+if not torch.cuda.is_available():
+    os.environ.setdefault('TRITON_INTERPRET', '1')
+
+from mmengine.config import Config  # noqa: E402
 from mmengine.utils import ManagerMixin
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -17,3 +17,26 @@ MARKS = {torch.float16: pytest.mark.skipif(not cpu_autocast_takes(torch.float16)
                                            reason="this torch's CPU autocast has no float16")}
 # the low precisions as parameters of a test, each skipped where this torch's CPU autocast lacks it
 DTYPES = [pytest.param(dtype, id=NAMES[dtype], marks=MARKS.get(dtype, ())) for dtype in LOW_PRECISIONS]
+
+
+# MALA attention's implementations, as test parameters: the Triton kernels run on the GPU where there is one, else on
+# the CPU in Triton's interpreter (tests/conftest.py)
+try:
+    from mala_mm.models.layers import mala_triton
+except ImportError:
+    mala_triton = None
+TRITON_DEVICE = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+ATTENTION_IMPLS = ['torch', pytest.param('triton', marks=pytest.mark.skipif(
+    mala_triton is None, reason='Triton is not installed (the tests extra installs it)'))]
+
+
+def attention_impl(name: str):
+    """mala_attention's implementation ``name`` as a function of CPU tensors, returning CPU tensors."""
+    from mala_mm.models.layers import mala_attention
+    if name == 'torch':
+        return mala_attention
+
+    def fused(q, k, v, rope=None):
+        to = lambda t: t.to(TRITON_DEVICE)  # noqa: E731
+        return mala_triton.fused_mala_attention(to(q), to(k), to(v), rope and type(rope)(*map(to, rope))).cpu()
+    return fused

@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from conftest import SMALL_ARCH, feature_loss
-from low_precision import DTYPES, LOW_PRECISIONS, MARKS, NAMES, cpu_autocast_takes
+from low_precision import (ATTENTION_IMPLS, DTYPES, LOW_PRECISIONS, MARKS, NAMES, TRITON_DEVICE, attention_impl,
+                           cpu_autocast_takes)
 from mala_mm import MALA
 from mala_tools import reference
 from mala_tools.reference import relative_error
@@ -90,22 +91,24 @@ BEYOND_FP16 = {'q, k, v x 1e4'}
                                                      marks=MARKS.get(dtype, ()))
                                         for dtype in LOW_PRECISIONS for case in ATTENTION_CASES
                                         if not (dtype is torch.float16 and case in BEYOND_FP16)])
-def test_mala_attention_in_low_precision_matches_exact_formula(dtype, case):
+@pytest.mark.parametrize('impl', ATTENTION_IMPLS)
+def test_mala_attention_in_low_precision_matches_exact_formula(impl, dtype, case):
     q, k, v, (height, width), epsilons = ATTENTION_CASES[case]()
     q, k, v = (t.to(dtype) for t in (q, k, v))  # as autocast's projections hand them over
     # the exact formula on the same rounded inputs: the tolerance measures the arithmetic alone
     exact = exact_mala_attention(q, k, v, height, width)
     with torch.autocast('cpu', dtype=dtype):
-        low = mala_attention(q, k, v, RoPE2d(q.shape[-1]).tables(height, width, dtype))
+        low = attention_impl(impl)(q, k, v, RoPE2d(q.shape[-1]).tables(height, width, dtype))
     assert low.dtype == dtype and torch.isfinite(low).all()
     assert relative_error(low, exact) < tolerance(dtype, epsilons)
 
 
+@pytest.mark.parametrize('impl', ATTENTION_IMPLS)
 @pytest.mark.parametrize('dtype', DTYPES)
-def test_mala_attention_of_all_zero_inputs_is_exactly_zero(dtype):
+def test_mala_attention_of_all_zero_inputs_is_exactly_zero(dtype, impl):
     zeros = torch.zeros(B, HEADS, N, D, dtype=dtype)
     with torch.autocast('cpu', dtype=dtype):
-        y = mala_attention(zeros, zeros, zeros, RoPE2d(D).tables(H, W, dtype))
+        y = attention_impl(impl)(zeros, zeros, zeros, RoPE2d(D).tables(H, W, dtype))
     assert torch.equal(y, torch.zeros_like(y))
 
 
@@ -123,14 +126,15 @@ def test_fp16_autocast_keeps_outputs_beyond_fp16_range_accurate_in_fp32():
 
 @pytest.mark.parametrize('case', ['random', 'q, k, v x 1e-4', 'q near -12', 'q in [-30, 0]'])
 @pytest.mark.parametrize('dtype', DTYPES)
-def test_mala_attention_gradients_in_low_precision_match_exact_formula(dtype, case):
+@pytest.mark.parametrize('impl', ATTENTION_IMPLS)
+def test_mala_attention_gradients_in_low_precision_match_exact_formula(impl, dtype, case):
     # d beta / d z = -1 / z^2 is ~1e10 for queries near -12: the gradient must pass through it in fp32
     q, k, v, (height, width), epsilons = ATTENTION_CASES[case]()
     weights = randn()
     low_inputs = [t.to(dtype).requires_grad_() for t in (q, k, v)]
     exact_inputs = [t.detach().double().requires_grad_() for t in low_inputs]
     with torch.autocast('cpu', dtype=dtype):
-        low = mala_attention(*low_inputs, RoPE2d(D).tables(height, width, dtype))
+        low = attention_impl(impl)(*low_inputs, RoPE2d(D).tables(height, width, dtype))
     (low.float() * weights).sum().backward()
     exact = exact_mala_attention(*exact_inputs, height, width)
     (exact * weights.double()).sum().backward()
@@ -153,16 +157,18 @@ MODULE_INPUTS = {
                                                      marks=MARKS.get(dtype, ()))
                                         for dtype in LOW_PRECISIONS for case in MODULE_INPUTS
                                         if not (dtype is torch.float16 and case == 'x 1e4')])
-def test_mala_attention_module_under_autocast_matches_fp64(dtype, case):
+@pytest.mark.parametrize('impl', ATTENTION_IMPLS)
+def test_mala_attention_module_under_autocast_matches_fp64(impl, dtype, case):
     channels, heads = 32, 2
-    attn = MALAttention(channels, heads)
+    attn = MALAttention(channels, heads, attn_impl=impl)
     x = MODULE_INPUTS[case](torch.randn(2, channels, 9, 11))
     frequencies = reference.rope_frequencies(channels // heads, torch.float64)
+    device = TRITON_DEVICE if impl == 'triton' else torch.device('cpu')
     with torch.no_grad():
         # the reference's skeleton and explicit formula on the module's weights, in fp64
         exact = reference.gated_attention(copy.deepcopy(attn).double(), x.double(), frequencies)
-        with torch.autocast('cpu', dtype=dtype):
-            low = attn(x, RoPE2d(channels // heads).tables(9, 11))
+        with torch.autocast(device.type, dtype=dtype):
+            low = attn.to(device)(x.to(device), RoPE2d(channels // heads).to(device).tables(9, 11)).cpu()
     assert low.dtype == dtype and torch.isfinite(low).all()
     assert relative_error(low, exact) < tolerance(dtype, UNIFORM)
 

@@ -11,6 +11,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...checkpoint import load_backbone_weights
 from ..layers import ATTENTION_KINDS, ConvStem, LayerNorm2d, MALAStage, rope_head_dims
+from ..layers.attention import check_attn_impl
 from ..layers.conv import channels_last_strides
 from ..layers.torch_compat import HAS_CUSTOM_OPS, is_compiling
 
@@ -43,6 +44,10 @@ class MALA(BaseModule):
         norm_eval: keep every BatchNorm (SyncBN included) in eval mode while training.
         norm_cfg: norm of the stem and downsamples, e.g. dict(type='BN') or dict(type='SyncBN').
         with_cp: activation checkpointing in every block.
+        attn_impl: how MALA attention runs: 'triton' in fused Triton kernels (forward and backward, fp32
+            arithmetic whatever the input's precision), 'torch' in torch operators, or 'auto' (default): Triton's
+            for CUDA tensors where Triton is installed, torch's elsewhere. Traced, exported and compiled graphs
+            always take torch's. Both compute the same formula; parameters and state dict are unchanged.
         compile: run the stem and stages through ``torch.compile`` with ``fullgraph=True, dynamic=True`` (torch
             >= 2.4): one graph for training and one for eval across input sizes, except that inductor's CPU code
             adds one where a sum over tokens crosses 4096 elements (docs/dev/benchmarks.md). True, or a dict of further
@@ -77,6 +82,7 @@ class MALA(BaseModule):
                  norm_cfg: dict = dict(type='BN', requires_grad=True),
                  with_cp: bool = False,
                  compile: Union[bool, dict] = False,
+                 attn_impl: str = 'auto',
                  init_cfg: Optional[dict] = None):
         if init_cfg is not None and (not isinstance(init_cfg, dict) or init_cfg.get('type') != 'Pretrained'
                                      or not init_cfg.get('checkpoint')):
@@ -104,6 +110,7 @@ class MALA(BaseModule):
             raise MALAConfigError(f'MALA: frozen_stages must be in [-1, {num_stages}], got {frozen_stages}')
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
+        check_attn_impl(attn_impl, 'MALA: ', MALAConfigError)
 
         if drop_path_rate is None:
             drop_path_rate = arch['drop_path_rate']
@@ -125,7 +132,8 @@ class MALA(BaseModule):
                 layer_scale_init=layer_scale[i],
                 out_dims=self.embed_dims[i + 1] if i + 1 < num_stages else None,
                 norm_cfg=norm_cfg,
-                with_cp=with_cp))
+                with_cp=with_cp,
+                attn_impl=attn_impl))
         # keyed by stage index so that the state dict reads extra_norms.{i}.* as released
         self.extra_norms = nn.ModuleDict({str(i): LayerNorm2d(self.embed_dims[i]) for i in self.out_indices})
         # The maps are channels-last throughout (forward), and so are the gradients of every conv weight; stored

@@ -1,7 +1,8 @@
 """The two token mixers of MALA: magnitude-aware linear attention and softmax attention.
 
 Both share one skeleton (:class:`GatedAttention`); they differ only in the function that turns per-head
-q, k, v into the attention result, :func:`mala_attention` or :func:`softmax_attention`.
+q, k, v into the attention result, :func:`mala_attention` or :func:`softmax_attention`. MALA's has a second
+implementation, fused into Triton kernels (:mod:`.mala_triton`), which ``attn_impl`` selects.
 """
 from typing import Optional, Tuple
 
@@ -11,9 +12,17 @@ from torch import Tensor, nn
 
 from .conv import Conv2d
 from .rope import RotaryTables, apply_rope, rope_head_dims
-from .torch_compat import autocast_dtype, autocast_enabled
+from .torch_compat import autocast_dtype, autocast_enabled, is_compiling, is_exporting
+
+try:
+    from . import mala_triton
+except ImportError:  # Triton is optional: without it the torch implementation serves every device
+    mala_triton = None
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
+# attn_impl: 'triton' the fused kernels, 'torch' the formula in torch operators, 'auto' the fused kernels for
+# CUDA tensors where Triton is installed and the torch operators elsewhere
+ATTENTION_IMPLS = ('auto', 'triton', 'torch')
 
 
 def mala_attention(q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables] = None,
@@ -122,6 +131,30 @@ class QKVOProjection(Conv2d):
                      for weight, bias in zip(self.weight.chunk(4), self.bias.chunk(4)))
 
 
+def check_attn_impl(attn_impl: str, where: str, error=ValueError) -> str:
+    """``attn_impl`` if it is one of ATTENTION_IMPLS that this installation can run, else ``error`` saying why."""
+    if attn_impl not in ATTENTION_IMPLS:
+        raise error(f'{where}attn_impl must be one of {ATTENTION_IMPLS}, got {attn_impl!r}')
+    if attn_impl == 'triton' and mala_triton is None:
+        raise error(f"{where}attn_impl='triton' needs Triton (pip install triton), which is not installed")
+    return attn_impl
+
+
+def uses_triton(attn_impl: str, x: Tensor) -> bool:
+    """Whether MALA's attention of ``x`` runs in the Triton kernels. Traced, exported and compiled graphs take the
+    torch operators, which they can record and the compiler fuses itself."""
+    if attn_impl == 'torch' or torch.jit.is_tracing() or is_compiling() or is_exporting():
+        return False
+    if attn_impl == 'auto':
+        return mala_triton is not None and x.is_cuda and x.dtype in (torch.float32, *LOW_PRECISION)
+    if x.dtype not in (torch.float32, *LOW_PRECISION):
+        raise TypeError(f"attn_impl='triton' takes fp32, bf16 or fp16 features, got {x.dtype}")
+    if not (x.is_cuda or mala_triton.INTERPRETED):
+        raise RuntimeError(f"attn_impl='triton' runs on CUDA tensors, got {x.device.type} ones (Triton's "
+                           f"interpreter runs it on the CPU where TRITON_INTERPRET=1 is set before import)")
+    return True
+
+
 class GatedAttention(nn.Module):
     """The attention skeleton shared by both kinds.
 
@@ -131,18 +164,19 @@ class GatedAttention(nn.Module):
     Args:
         embed_dims: C.
         num_heads: h; C / h must be a multiple of 4 (2-D RoPE splits each head into rows and columns).
+        attn_impl: one of ATTENTION_IMPLS.
     """
 
-    def __init__(self, embed_dims: int, num_heads: int):
+    def __init__(self, embed_dims: int, num_heads: int, attn_impl: str = 'auto'):
         super().__init__()
         rope_head_dims(embed_dims, num_heads, f'{type(self).__name__}: ')
+        self.attn_impl = check_attn_impl(attn_impl, f'{type(self).__name__}: ')
         self.num_heads = num_heads
         self.qkvo = QKVOProjection(embed_dims)
         self.lepe = Conv2d(embed_dims, embed_dims, 5, padding=2, groups=embed_dims)
         self.proj = Conv2d(embed_dims, embed_dims, 1)
 
-    @staticmethod
-    def attend(q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables]) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables]) -> Tensor:
         """(B, h, N, d) q, k, v to the (B, h, N, d) attention result."""
         raise NotImplementedError
 
@@ -163,9 +197,15 @@ class GatedAttention(nn.Module):
 
 class MALAttention(GatedAttention):
     """Magnitude-aware linear attention (:func:`mala_attention`) in the gated skeleton."""
-    attend = staticmethod(mala_attention)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables]) -> Tensor:
+        if uses_triton(self.attn_impl, q):
+            return mala_triton.fused_mala_attention(q, k, v, rope)
+        return mala_attention(q, k, v, rope)
 
 
 class SoftmaxAttention(GatedAttention):
     """Softmax attention (:func:`softmax_attention`) in the gated skeleton."""
-    attend = staticmethod(softmax_attention)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables]) -> Tensor:
+        return softmax_attention(q, k, v, rope)

@@ -119,15 +119,17 @@ class MALABlock(nn.Module):
         drop_path: stochastic depth rate of this block.
         layer_scale_init: initial value of the per-channel scales g1, g2; None disables them.
         with_cp: recompute activations in backward (saves memory when training).
+        attn_impl: 'auto', 'triton' or 'torch' (:data:`~.attention.ATTENTION_IMPLS`).
     """
 
     def __init__(self, embed_dims: int, num_heads: int, attn_type: str, mlp_ratio: float,
-                 drop_path: float = 0., layer_scale_init: Optional[float] = 1.0, with_cp: bool = False):
+                 drop_path: float = 0., layer_scale_init: Optional[float] = 1.0, with_cp: bool = False,
+                 attn_impl: str = 'auto'):
         super().__init__()
         self.with_cp = with_cp
         self.pos = ResidualDWConv(embed_dims, 3)
         self.norm1 = LayerNorm2d(embed_dims)
-        self.attn = ATTENTION_KINDS[attn_type](embed_dims, num_heads)
+        self.attn = ATTENTION_KINDS[attn_type](embed_dims, num_heads, attn_impl)
         self.norm2 = LayerNorm2d(embed_dims)
         self.ffn = ConvFFN(embed_dims, int(mlp_ratio * embed_dims))
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
@@ -155,7 +157,8 @@ class MALAStage(nn.Module):
     """``depth`` blocks sharing one RoPE, then an optional downsample to the next stage's width.
 
     Args:
-        embed_dims, num_heads, attn_type, mlp_ratio, layer_scale_init, with_cp: as in :class:`MALABlock`.
+        embed_dims, num_heads, attn_type, mlp_ratio, layer_scale_init, with_cp, attn_impl: as in
+            :class:`MALABlock`.
         drop_paths: one stochastic depth rate per block (its length is the depth).
         out_dims: width after the downsample, or None for the last stage (no downsample).
         norm_cfg: norm of the downsample.
@@ -163,11 +166,11 @@ class MALAStage(nn.Module):
 
     def __init__(self, embed_dims: int, num_heads: int, attn_type: str, mlp_ratio: float,
                  drop_paths: Sequence[float], layer_scale_init: Optional[float], out_dims: Optional[int],
-                 norm_cfg: dict, with_cp: bool = False):
+                 norm_cfg: dict, with_cp: bool = False, attn_impl: str = 'auto'):
         super().__init__()
         self.RoPE = RoPE2d(embed_dims // num_heads)  # attribute name as in the released checkpoints
         self.blocks = nn.ModuleList(
-            MALABlock(embed_dims, num_heads, attn_type, mlp_ratio, rate, layer_scale_init, with_cp)
+            MALABlock(embed_dims, num_heads, attn_type, mlp_ratio, rate, layer_scale_init, with_cp, attn_impl)
             for rate in drop_paths)
         self.downsample = None if out_dims is None else ConvDownsample(embed_dims, out_dims, norm_cfg)
 

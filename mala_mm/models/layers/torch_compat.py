@@ -30,6 +30,11 @@ def is_compiling() -> bool:
     return torch._dynamo.is_compiling()
 
 
+def is_exporting() -> bool:
+    """Whether torch.export is tracing the code that asks (torch >= 2.5 tells; before, it counts as compiling)."""
+    return hasattr(torch.compiler, 'is_exporting') and torch.compiler.is_exporting()
+
+
 def compiling_to_run() -> bool:
     """Whether torch.compile is tracing the code that asks to run it here, not torch.export to export it."""
-    return is_compiling() and not (hasattr(torch.compiler, 'is_exporting') and torch.compiler.is_exporting())
+    return is_compiling() and not is_exporting()

@@ -75,7 +75,7 @@ def labelled_parts(model: MALA) -> Iterator[None]:
         if isinstance(module, GatedAttention):
             core = 'attention: MALA core (phi, z, beta, matmuls)' if isinstance(module, MALAttention) \
                 else 'attention: softmax (SDPA)'
-            module.attend = labelled(type(module).attend, core)
+            module.attend = labelled(module.attend, core)
     original_rope = attention_module.apply_rope
     attention_module.apply_rope = labelled(original_rope, 'attention: RoPE rotation')
     try:
