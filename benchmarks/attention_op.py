@@ -13,8 +13,13 @@ import torch
 from common import markdown_table, peak_mib, time_ms, write_results
 from mala_tools.analysis.baselines import linear_attention
 from mala_mm.models.layers import RoPE2d, mala_attention, softmax_attention
+from mala_mm.models.layers.attention import mala_triton
 
 KINDS = {'mala': mala_attention, 'softmax': softmax_attention, 'linear': linear_attention}
+if mala_triton is not None:  # measured where asked for by name (gpu_check.py's attention phase)
+    KINDS_BY_NAME = {**KINDS, 'mala triton': mala_triton.fused_mala_attention}
+else:
+    KINDS_BY_NAME = KINDS
 DTYPES = {'fp32': torch.float32, 'bf16': torch.bfloat16}
 
 
@@ -25,7 +30,7 @@ def measure(kind, height, width, head_dims, dtype, heads, device, backward):
            for _ in range(3)]
 
     def run():
-        out = KINDS[kind](*qkv, rope)
+        out = KINDS_BY_NAME[kind](*qkv, rope)
         if backward:
             out.float().square().mean().backward()
     return time_ms(run, device, warmup=1, budget_s=10), peak_mib(run, device)

@@ -1,5 +1,7 @@
 """One check of a machine, phase by phase, into one results folder: fidelity to the release, the attention
 operator, the backbone against Swin-T, a training step of the dense models, torch.compile, and the mmcv build.
+Fidelity, attention and backbone run each implementation of the attention (``attn_impl``) this machine has: the
+torch operators, and the Triton kernels on CUDA (or in Triton's interpreter where TRITON_INTERPRET=1 is set).
 
 Each phase prints its name and elapsed time and writes <phase>.md and <phase>.json into --out; summary.md and
 summary.json list the phases and their times. --quick runs every phase at small inputs (minutes on a laptop CPU);
@@ -23,6 +25,7 @@ from common import RESULTS_DIR, device_name, exact_fp32, markdown_table, peak_mi
 from dense_step import build, fake_batch
 from device_check import fixture_errors
 from mala_mm import MALA
+from mala_mm.models.layers.attention import mala_triton
 
 # (height, width) of each input, full and --quick (a tenth of detection's sides, a quarter of the dense models';
 # --quick measures the backbone at the detection size alone)
@@ -58,41 +61,54 @@ CONFIGS = {'Mask R-CNN MALA-T': 'detection/mask_rcnn_mala_t.py', 'UperNet MALA-T
 Table = Tuple[List[dict], List[str]]  # rows and the columns of their Markdown table
 
 
+def attn_impls(device) -> List[str]:
+    """The attention implementations that run on ``device`` here."""
+    triton_runs = mala_triton is not None and (device.type == 'cuda' or mala_triton.INTERPRETED)
+    return ['torch', 'triton'] if triton_runs else ['torch']
+
+
 def fidelity(args, device) -> Table:
     """The release fixture in each precision against the release's outputs, with the suite's bound."""
-    rows = fixture_errors(device)
+    rows = [dict(attn_impl=impl, **row) for impl in attn_impls(device) for row in fixture_errors(device, impl)]
     for row in rows:
         if row['precision'] == 'fp32':
             row['bound'], row['within'] = f'max abs < {FP32_MAX_ABS_ERROR:g}', row['max_abs_error'] < FP32_MAX_ABS_ERROR
         else:
             bound = RELATIVE_BOUNDS[row['precision']]
             row['bound'], row['within'] = f'relative < {bound:.3g}', row['relative_error'] < bound
-    return rows, ['precision', 'stage', 'max_abs_error', 'relative_error', 'bound', 'within']
+    return rows, ['attn_impl', 'precision', 'stage', 'max_abs_error', 'relative_error', 'bound', 'within']
 
 
 def attention(args, device) -> Table:
-    """MALA's attention against SDPA's softmax attention, forward+backward, at MALA-T's token maps of the
-    detection input: one row per stage and dtype."""
+    """MALA's attention, in torch operators and in the Triton kernels, against SDPA's softmax attention,
+    forward+backward, at MALA-T's token maps of the detection input: one row per stage and dtype."""
     height, width = SIZES[args.sizes]['detection']
+    kinds = ['mala', 'softmax'] + (['mala triton'] if 'triton' in attn_impls(device) else [])
     rows = []
-    for dtype_name in ('fp32', 'bf16'):
+    for dtype_name in ('fp32', 'bf16', 'fp16'):
         for stride, heads in MALA_T_STAGES:
             h, w = -(-height // stride), -(-width // stride)
             row = dict(dtype=dtype_name, tokens=f'{h}x{w}', heads=heads, d=HEAD_DIMS)
-            for kind in ('mala', 'softmax'):
+            for kind in kinds:
                 row[f'{kind} ms'], row[f'{kind} MiB'] = attention_cost(
                     kind, h, w, HEAD_DIMS, AUTOCAST[dtype_name] or torch.float32, heads, device, backward=True)
             row['softmax/mala time'] = row['softmax ms'] / row['mala ms']
+            if 'mala triton ms' in row:
+                row['triton speed-up'] = row['mala ms'] / row['mala triton ms']
+                row['softmax/mala triton time'] = row['softmax ms'] / row['mala triton ms']
             rows.append(row)
-    return rows, ['dtype', 'tokens', 'heads', 'd', 'mala ms', 'softmax ms', 'softmax/mala time', 'mala MiB',
-                  'softmax MiB']
+    return rows, ['dtype', 'tokens', 'heads', 'd', 'mala ms', 'mala triton ms', 'triton speed-up', 'softmax ms',
+                  'softmax/mala time', 'softmax/mala triton time', 'mala MiB', 'mala triton MiB', 'softmax MiB']
 
 
 def backbone(args, device) -> Table:
-    """MALA-T against mmdet's Swin-T: images/s and peak MiB, eval and train step, under each autocast dtype."""
-    mala = MALA(arch='tiny').to(device)
-    mala.init_weights()
-    swin = swin_tiny().to(device)
+    """MALA-T, with each attention implementation, against mmdet's Swin-T: images/s and peak MiB, eval and train
+    step, under each autocast dtype."""
+    models = {}
+    for impl in attn_impls(device):
+        models[f'MALA-T {impl}'] = MALA(arch='tiny', attn_impl=impl).to(device)
+        models[f'MALA-T {impl}'].init_weights()
+    models['Swin-T'] = swin_tiny().to(device)
     rows = []
     for size_name in (name for name in ('detection', 'segmentation') if name in SIZES[args.sizes]):
         height, width = SIZES[args.sizes][size_name]
@@ -100,13 +116,16 @@ def backbone(args, device) -> Table:
             for dtype_name in BACKBONE_DTYPES[args.sizes]:
                 dtype = AUTOCAST[dtype_name]
                 row = dict(input=f'{width}x{height}', mode='train step' if train else 'eval', dtype=dtype_name)
-                for name, model in (('MALA-T', mala), ('Swin-T', swin)):
+                for name, model in models.items():
                     row[f'{name} img/s'], row[f'{name} MiB'] = backbone_speed(
                         model, (height, width), device, train, dtype or torch.float32)
-                row['MALA-T/Swin-T speed'] = row['MALA-T img/s'] / row['Swin-T img/s']
+                for name in models:
+                    if name != 'Swin-T':
+                        row[f'{name}/Swin-T speed'] = row[f'{name} img/s'] / row['Swin-T img/s']
                 rows.append(row)
-    return rows, ['input', 'mode', 'dtype', 'MALA-T img/s', 'Swin-T img/s', 'MALA-T/Swin-T speed', 'MALA-T MiB',
-                  'Swin-T MiB']
+    names = list(models)
+    return rows, ['input', 'mode', 'dtype', *(f'{name} img/s' for name in names),
+                  *(f'{name}/Swin-T speed' for name in names[:-1]), *(f'{name} MiB' for name in names)]
 
 
 def optim_wrapper_for(cfg, model, device):

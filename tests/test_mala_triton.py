@@ -10,7 +10,7 @@ import torch
 from low_precision import ATTENTION_IMPLS, TRITON_DEVICE, attention_impl, mala_triton
 from mala_mm import MALA
 from mala_mm.models import MALAConfigError
-from mala_mm.models.layers import MALAttention, RoPE2d, mala_attention
+from mala_mm.models.layers import MALAttention, QKVOProjection, RoPE2d, SoftmaxAttention, mala_attention
 from mala_mm.models.layers.attention import uses_triton
 from mala_tools.reference import relative_error
 
@@ -47,17 +47,36 @@ def test_fp32_outputs_and_gradients_match_fp64(shape, with_rope):
         assert (ours.grad.double() - exact_input.grad).abs().max().item() < 1e-5 * scale, name
 
 
-def test_reads_heads_of_a_channels_last_map_in_place_and_answers_in_its_layout():
-    # the skeleton's q, k, v: (B, h, N, d) views of (B, C, H, W) maps with channels-last strides
-    attention = MALAttention(32, 2, attn_impl='triton').to(TRITON_DEVICE)
-    maps = [torch.randn(2, 32, 6, 9, device=TRITON_DEVICE).contiguous(memory_format=torch.channels_last)
-            for _ in range(3)]
-    q, k, v = (attention.split_heads(m) for m in maps)
-    assert not q.is_contiguous()
+def test_fused_projection_gives_views_of_one_channels_last_map():
+    projection = QKVOProjection(32).to(TRITON_DEVICE)
+    x = torch.randn(2, 32, 6, 9, device=TRITON_DEVICE).contiguous(memory_format=torch.channels_last)
+    views = projection(x, as_views=True)
+    assert all(t.data_ptr() == views[0].data_ptr() + i * 32 * t.element_size() for i, t in enumerate(views))
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):  # one conv against four, both in fp32
+        for view, dense in zip(views, projection(x)):
+            torch.testing.assert_close(view, dense, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize('kind', [MALAttention, SoftmaxAttention], ids=['MALA', 'softmax'])
+def test_fused_module_matches_unfused(kind):
+    torch.manual_seed(0)
+    fused = kind(32, 2, attn_impl='triton').to(TRITON_DEVICE)
+    unfused = kind(32, 2, attn_impl='torch').to(TRITON_DEVICE)
+    unfused.load_state_dict(fused.state_dict())
+    x = torch.randn(2, 32, 6, 9, device=TRITON_DEVICE).contiguous(memory_format=torch.channels_last)
+    x.requires_grad_()
     tables = RoPE2d(16).to(TRITON_DEVICE).tables(6, 9)
-    fused = attention.attend(q, k, v, tables)
-    assert fused.stride() == v.stride()
-    torch.testing.assert_close(fused, mala_attention(q, k, v, tables), rtol=1e-5, atol=1e-5)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        outputs = [module(x, tables) for module in (fused, unfused)]
+        grads = [torch.autograd.grad(out.square().sum(), x)[0] for out in outputs]
+    torch.testing.assert_close(*outputs, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(*grads, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_mala_output_is_laid_out_as_a_channels_last_map():
+    q, k, v = (torch.randn(2, 3, 20, 8, device=TRITON_DEVICE) for _ in range(3))
+    y = mala_triton.fused_mala_attention(q, k, v)
+    assert y.transpose(1, 2).is_contiguous()  # (B, N, h, d) in memory: the skeleton views it as (B, C, H, W)
 
 
 @pytest.mark.parametrize('attn_impl', ATTENTION_IMPLS)

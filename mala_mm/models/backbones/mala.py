@@ -44,7 +44,7 @@ class MALA(BaseModule):
         norm_eval: keep every BatchNorm (SyncBN included) in eval mode while training.
         norm_cfg: norm of the stem and downsamples, e.g. dict(type='BN') or dict(type='SyncBN').
         with_cp: activation checkpointing in every block.
-        attn_impl: how MALA attention runs: 'triton' in fused Triton kernels (forward and backward, fp32
+        attn_impl: how the attention runs: 'triton' in fused Triton kernels (forward and backward, fp32
             arithmetic whatever the input's precision), 'torch' in torch operators, or 'auto' (default): Triton's
             for CUDA tensors where Triton is installed, torch's elsewhere. Traced, exported and compiled graphs
             always take torch's. Both compute the same formula; parameters and state dict are unchanged.

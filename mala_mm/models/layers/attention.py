@@ -2,7 +2,9 @@
 
 Both share one skeleton (:class:`GatedAttention`); they differ only in the function that turns per-head
 q, k, v into the attention result, :func:`mala_attention` or :func:`softmax_attention`. MALA's has a second
-implementation, fused into Triton kernels (:mod:`.mala_triton`), which ``attn_impl`` selects.
+implementation, fused into Triton kernels (:mod:`.mala_triton`), which ``attn_impl`` selects; with it, the
+softmax stages rotate q and k in one Triton kernel (:mod:`.rope_triton`) and both kinds project q, k, v, o in one
+conv whose four outputs they read in place.
 """
 from typing import Optional, Tuple
 
@@ -15,9 +17,9 @@ from .rope import RotaryTables, apply_rope, rope_head_dims
 from .torch_compat import autocast_dtype, autocast_enabled, is_compiling, is_exporting
 
 try:
-    from . import mala_triton
+    from . import mala_triton, rope_triton
 except ImportError:  # Triton is optional: without it the torch implementation serves every device
-    mala_triton = None
+    mala_triton = rope_triton = None
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 # attn_impl: 'triton' the fused kernels, 'torch' the formula in torch operators, 'auto' the fused kernels for
@@ -104,29 +106,35 @@ def _power_of_two_above(x: Tensor) -> Tensor:
     return torch.where(x > 0, torch.exp2(torch.floor(torch.log2(x)) + 1), torch.ones_like(x))
 
 
-def softmax_attention(q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables] = None) -> Tensor:
+def softmax_attention(q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables] = None,
+                      rotate_in_triton: bool = False) -> Tensor:
     """``softmax(d^-1/2 q~ k~^T) v`` on RoPE-rotated raw q, k; fused kernels, no N x N matrix where available.
 
     Args:
         q, k, v: (B, h, N, d); rope: (N, d) tables from :meth:`RoPE2d.tables`, or None.
+        rotate_in_triton: rotate q and k in one Triton kernel (:func:`.rope_triton.rotate_pair`) instead of
+            :func:`apply_rope`.
     """
     if rope is not None:
-        q, k = apply_rope(q, rope), apply_rope(k, rope)
+        q, k = rope_triton.rotate_pair(q, k, rope) if rotate_in_triton else (apply_rope(q, rope), apply_rope(k, rope))
     return F.scaled_dot_product_attention(q, k, v)
 
 
 class QKVOProjection(Conv2d):
     """The 1x1 conv from (B, C, H, W) to the queries, keys, values and output gate, four (B, C, H, W) maps.
 
-    One conv of 4C output channels (as released), computed as four convs over views of its weight: each map then
-    comes out dense, where one conv's output chunks would be strided views, on which elementwise ops run several
-    times slower.
+    One conv of 4C output channels (as released). Where the Triton kernels read q, k and v, it runs as one conv and
+    the maps are channel slices of its output (``as_views``): one launch where autocast adds a cast of x to each
+    conv. Elsewhere it runs as four convs over views of its weight, so that each map comes out dense: the torch
+    operators run elementwise ops on strided views several times slower.
     """
 
     def __init__(self, embed_dims: int):
         super().__init__(embed_dims, 4 * embed_dims, 1)
 
-    def forward(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    def forward(self, x: Tensor, as_views: bool = False) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        if as_views:
+            return tuple(super().forward(x).chunk(4, dim=1))
         return tuple(self._conv_forward(x, weight, bias)
                      for weight, bias in zip(self.weight.chunk(4), self.bias.chunk(4)))
 
@@ -141,7 +149,7 @@ def check_attn_impl(attn_impl: str, where: str, error=ValueError) -> str:
 
 
 def uses_triton(attn_impl: str, x: Tensor) -> bool:
-    """Whether MALA's attention of ``x`` runs in the Triton kernels. Traced, exported and compiled graphs take the
+    """Whether the attention of ``x`` runs in the Triton kernels. Traced, exported and compiled graphs take the
     torch operators, which they can record and the compiler fuses itself."""
     if attn_impl == 'torch' or torch.jit.is_tracing() or is_compiling() or is_exporting():
         return False
@@ -176,8 +184,8 @@ class GatedAttention(nn.Module):
         self.lepe = Conv2d(embed_dims, embed_dims, 5, padding=2, groups=embed_dims)
         self.proj = Conv2d(embed_dims, embed_dims, 1)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables]) -> Tensor:
-        """(B, h, N, d) q, k, v to the (B, h, N, d) attention result."""
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables], fused: bool) -> Tensor:
+        """(B, h, N, d) q, k, v to the (B, h, N, d) attention result, in the Triton kernels where ``fused``."""
         raise NotImplementedError
 
     def split_heads(self, x: Tensor) -> Tensor:
@@ -189,8 +197,9 @@ class GatedAttention(nn.Module):
         """x: (B, C, H, W); rope: the (H W, C / h) tables of the stage's :class:`RoPE2d`, or None.
         Returns (B, C, H, W)."""
         batch, channels, height, width = x.shape
-        q, k, v, o = self.qkvo(x)
-        y = self.attend(self.split_heads(q), self.split_heads(k), self.split_heads(v), rope)
+        fused = uses_triton(self.attn_impl, x)
+        q, k, v, o = self.qkvo(x, as_views=fused)
+        y = self.attend(self.split_heads(q), self.split_heads(k), self.split_heads(v), rope, fused)
         y = y.transpose(1, 2).reshape(batch, height, width, channels).permute(0, 3, 1, 2)  # channels-last
         return self.proj((y + self.lepe(v)) * o)
 
@@ -198,14 +207,12 @@ class GatedAttention(nn.Module):
 class MALAttention(GatedAttention):
     """Magnitude-aware linear attention (:func:`mala_attention`) in the gated skeleton."""
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables]) -> Tensor:
-        if uses_triton(self.attn_impl, q):
-            return mala_triton.fused_mala_attention(q, k, v, rope)
-        return mala_attention(q, k, v, rope)
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables], fused: bool) -> Tensor:
+        return (mala_triton.fused_mala_attention if fused else mala_attention)(q, k, v, rope)
 
 
 class SoftmaxAttention(GatedAttention):
     """Softmax attention (:func:`softmax_attention`) in the gated skeleton."""
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables]) -> Tensor:
-        return softmax_attention(q, k, v, rope)
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables], fused: bool) -> Tensor:
+        return softmax_attention(q, k, v, rope, rotate_in_triton=fused)

@@ -40,22 +40,22 @@ def _phi_slope(x):
 
 
 @triton.jit
-def _swap_pairs(x, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+def swap_pairs(x, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Each channel pair (x_2m, x_2m+1) of a (BLOCK_N, BLOCK_D) tile as (x_2m+1, x_2m)."""
     even, odd = tl.split(tl.reshape(x, (BLOCK_N, BLOCK_D // 2, 2)))
     return tl.reshape(tl.join(odd, even), (BLOCK_N, BLOCK_D))
 
 
 @triton.jit
-def _rope(x, cos, sin, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+def rotate(x, cos, sin, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """R(x) = x cos + swap(x) sin, with sin sign-folded as in RotaryTables."""
-    return x * cos + _swap_pairs(x, BLOCK_N, BLOCK_D) * sin
+    return x * cos + swap_pairs(x, BLOCK_N, BLOCK_D) * sin
 
 
 @triton.jit
-def _rope_transposed(g, cos, sin, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+def rotate_transposed(g, cos, sin, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """R^T(g) = g cos - swap(g) sin: a pair's two sines differ only in sign."""
-    return g * cos - _swap_pairs(g, BLOCK_N, BLOCK_D) * sin
+    return g * cos - swap_pairs(g, BLOCK_N, BLOCK_D) * sin
 
 
 @triton.jit
@@ -103,7 +103,7 @@ def _state_kernel(k_ptr, v_ptr, cos_ptr, sin_ptr, partial_ptr,
         if HAS_ROPE:
             cos, _ = _load(cos_ptr, head_dims, rows, cols, num_tokens, head_dims)
             sin, _ = _load(sin_ptr, head_dims, rows, cols, num_tokens, head_dims)
-            phi_k = _rope(phi_k, cos, sin, BLOCK_N, BLOCK_D)
+            phi_k = rotate(phi_k, cos, sin, BLOCK_N, BLOCK_D)
         kv += tl.dot(tl.trans(phi_k), v, input_precision='ieee')
     partial = partial_ptr + (bh * tl.num_programs(0) + chunk) * (BLOCK_D + 2) * BLOCK_D
     _store_state(partial, cols, kv, k_sum, v_sum, BLOCK_D)
@@ -127,7 +127,7 @@ def _output_kernel(q_ptr, state_ptr, cos_ptr, sin_ptr, out_ptr,
     if HAS_ROPE:
         cos, _ = _load(cos_ptr, head_dims, rows, cols, num_tokens, head_dims)
         sin, _ = _load(sin_ptr, head_dims, rows, cols, num_tokens, head_dims)
-        phi_q = _rope(phi_q, cos, sin, BLOCK_N, BLOCK_D)
+        phi_q = rotate(phi_q, cos, sin, BLOCK_N, BLOCK_D)
     y = (beta * (scale / num_tokens))[:, None] * tl.dot(phi_q, kv, input_precision='ieee')
     y -= z[:, None] * (v_sum / num_tokens)[None, :]
     out_ptr += batch * stride_ob + head * stride_oh
@@ -165,7 +165,7 @@ def _query_grad_kernel(q_ptr, grad_ptr, state_ptr, cos_ptr, sin_ptr, dq_ptr, par
         if HAS_ROPE:
             cos, _ = _load(cos_ptr, head_dims, rows, cols, num_tokens, head_dims)
             sin, _ = _load(sin_ptr, head_dims, rows, cols, num_tokens, head_dims)
-            rotated_q = _rope(phi_q, cos, sin, BLOCK_N, BLOCK_D)
+            rotated_q = rotate(phi_q, cos, sin, BLOCK_N, BLOCK_D)
         product = tl.dot(rotated_q, kv, input_precision='ieee')                       # R(phi(q)) KV
         d_product = (kv_scale * (1 + inverse))[:, None] * grad
         # z enters through beta (d beta / d z = -1 / (z + eps)^2) and through - z mean(v)
@@ -173,7 +173,7 @@ def _query_grad_kernel(q_ptr, grad_ptr, state_ptr, cos_ptr, sin_ptr, dq_ptr, par
         d_rotated_q = tl.dot(d_product, tl.trans(kv), input_precision='ieee')
         d_phi_q = d_rotated_q
         if HAS_ROPE:
-            d_phi_q = _rope_transposed(d_rotated_q, cos, sin, BLOCK_N, BLOCK_D)
+            d_phi_q = rotate_transposed(d_rotated_q, cos, sin, BLOCK_N, BLOCK_D)
         d_phi_q += (scale * d_z)[:, None] * k_mean[None, :]
         dq = d_phi_q * _phi_slope(q)
         tl.store(dq_ptr + rows[:, None] * stride_dn + cols[None, :], dq.to(dq_ptr.dtype.element_ty), mask=valid)
@@ -202,12 +202,12 @@ def _key_value_grad_kernel(k_ptr, v_ptr, d_state_ptr, cos_ptr, sin_ptr, dk_ptr, 
     if HAS_ROPE:
         cos, _ = _load(cos_ptr, head_dims, rows, cols, num_tokens, head_dims)
         sin, _ = _load(sin_ptr, head_dims, rows, cols, num_tokens, head_dims)
-        rotated_k = _rope(rotated_k, cos, sin, BLOCK_N, BLOCK_D)
+        rotated_k = rotate(rotated_k, cos, sin, BLOCK_N, BLOCK_D)
     d_rotated_k = tl.dot(v, tl.trans(d_kv), input_precision='ieee')
     dv = tl.dot(rotated_k, d_kv, input_precision='ieee') + (d_v_mean / num_tokens)[None, :]
     d_phi_k = d_rotated_k
     if HAS_ROPE:
-        d_phi_k = _rope_transposed(d_rotated_k, cos, sin, BLOCK_N, BLOCK_D)
+        d_phi_k = rotate_transposed(d_rotated_k, cos, sin, BLOCK_N, BLOCK_D)
     dk = (d_phi_k + (d_k_mean / num_tokens)[None, :]) * _phi_slope(k)
     dk_ptr += batch * stride_dkb + head * stride_dkh
     dv_ptr += batch * stride_dvb + head * stride_dvh
@@ -239,6 +239,13 @@ def _strides(t: Tensor) -> Tuple[int, int, int]:
     return t.stride(0), t.stride(1), t.stride(2)
 
 
+def heads_of_channels_last_map(like: Tensor) -> Tensor:
+    """An empty (B, h, N, d) tensor like ``like``, laid out as the heads of a channels-last (B, h d, H, W) map: the
+    skeleton turns it back into that map without a copy."""
+    batch, heads, num_tokens, head_dims = like.shape
+    return like.new_empty((batch, num_tokens, heads, head_dims)).transpose(1, 2)
+
+
 def _unit_stride(t: Tensor) -> Tensor:
     """t, or a copy of it, whose channels are adjacent in memory, as the kernels address them."""
     return t if t.stride(-1) == 1 else t.contiguous()
@@ -259,7 +266,7 @@ class _FusedMALAttention(torch.autograd.Function):
         _state_kernel[(num_chunks, batch * heads)](
             k, v, *rope, partial, *_strides(k), *_strides(v), heads, num_tokens, head_dims, chunk_tokens, **common)
         state = partial.sum(1)
-        out = torch.empty_like(v)  # v's strides: a channels-last map's heads come back as a view of one
+        out = heads_of_channels_last_map(v)
         _output_kernel[(triton.cdiv(num_tokens, block_n), batch * heads)](
             q, state, *rope, out, *_strides(q), *_strides(out), heads, num_tokens, head_dims, head_dims ** -0.5,
             eps, **common)
@@ -277,7 +284,7 @@ class _FusedMALAttention(torch.autograd.Function):
         rope = (cos.contiguous(), sin.contiguous()) if cos is not None else (q, q)
         common = dict(HAS_ROPE=cos is not None, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=warps)
 
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        dq, dk, dv = (heads_of_channels_last_map(t) for t in (q, k, v))
         partial = q.new_empty((batch * heads, num_chunks, block_d + 2, block_d), dtype=torch.float32)
         _query_grad_kernel[(num_chunks, batch * heads)](
             q, grad, state, *rope, dq, partial, *_strides(q), *_strides(grad), *_strides(dq), heads, num_tokens,
@@ -298,7 +305,7 @@ def fused_mala_attention(q: Tensor, k: Tensor, v: Tensor, rope=None, eps: float 
         eps: keeps ``1 / z`` finite.
 
     Returns:
-        (B, h, N, d) in v's dtype, laid out as v is.
+        (B, h, N, d) in v's dtype, laid out as the heads of a channels-last map.
     """
     cos, sin = (None, None) if rope is None else rope
     return _FusedMALAttention.apply(q, k, v, cos, sin, eps)

@@ -1,0 +1,90 @@
+"""RoPE of the softmax stages' queries and keys in one Triton kernel, forward and backward.
+
+:func:`~mala_mm.models.layers.rope.apply_rope` takes about five launches a tensor (casts, the pair swap, two
+products); here one launch rotates a tile of q and the same tile of k, reading them in place (strided views of a
+map's heads) and writing the results in their dtype, laid out as (B, N, h, d), as flash attention reads them. The
+arithmetic is fp32, as apply_rope's.
+"""
+from typing import Tuple
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .mala_triton import heads_of_channels_last_map, rotate, rotate_transposed
+
+
+@triton.jit
+def _rotate_tile(x_ptr, out_ptr, cos, sin, rows, cols, valid, stride_xn, stride_on,
+                 TRANSPOSED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    x = tl.load(x_ptr + rows[:, None] * stride_xn + cols[None, :], mask=valid, other=0.0).to(tl.float32)
+    if TRANSPOSED:
+        y = rotate_transposed(x, cos, sin, BLOCK_N, BLOCK_D)
+    else:
+        y = rotate(x, cos, sin, BLOCK_N, BLOCK_D)
+    tl.store(out_ptr + rows[:, None] * stride_on + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=valid)
+
+
+@triton.jit
+def _rotate_pair_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, q_out_ptr, k_out_ptr,
+                        stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
+                        stride_ob, stride_oh, stride_on,
+                        num_heads, num_tokens, head_dims,
+                        TRANSPOSED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """R (or R^T) of one tile of q and of k; both outputs have the strides stride_o*."""
+    block, bh = tl.program_id(0), tl.program_id(1)
+    batch, head = bh // num_heads, bh % num_heads
+    rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, BLOCK_D)
+    valid = (rows[:, None] < num_tokens) & (cols[None, :] < head_dims)
+    table = rows[:, None] * head_dims + cols[None, :]
+    cos = tl.load(cos_ptr + table, mask=valid, other=0.0)
+    sin = tl.load(sin_ptr + table, mask=valid, other=0.0)
+    out = batch * stride_ob + head * stride_oh
+    _rotate_tile(q_ptr + batch * stride_qb + head * stride_qh, q_out_ptr + out, cos, sin, rows, cols, valid,
+                 stride_qn, stride_on, TRANSPOSED, BLOCK_N, BLOCK_D)
+    _rotate_tile(k_ptr + batch * stride_kb + head * stride_kh, k_out_ptr + out, cos, sin, rows, cols, valid,
+                 stride_kn, stride_on, TRANSPOSED, BLOCK_N, BLOCK_D)
+
+
+def _rotate_pair(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, transposed: bool) -> Tuple[Tensor, Tensor]:
+    q, k = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k))
+    batch, heads, num_tokens, head_dims = q.shape
+    # in (B, N, h, d) memory, as flash attention reads its operands without a copy
+    q_out, k_out = heads_of_channels_last_map(q), heads_of_channels_last_map(k)
+    block_d = max(16, triton.next_power_of_2(head_dims))
+    block_n = max(16, 4096 // block_d)
+    _rotate_pair_kernel[(triton.cdiv(num_tokens, block_n), batch * heads)](
+        q, k, cos, sin, q_out, k_out, *q.stride()[:3], *k.stride()[:3], *q_out.stride()[:3], heads, num_tokens,
+        head_dims, TRANSPOSED=transposed, BLOCK_N=block_n, BLOCK_D=block_d)
+    return q_out, k_out
+
+
+class _RotatePair(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor):
+        if q.shape != k.shape:
+            raise ValueError(f'rotate_pair: q and k must have one shape, got {tuple(q.shape)} and {tuple(k.shape)}')
+        cos, sin = cos.contiguous(), sin.contiguous()
+        ctx.save_for_backward(cos, sin)
+        return _rotate_pair(q, k, cos, sin, transposed=False)
+
+    @staticmethod
+    def backward(ctx, grad_q: Tensor, grad_k: Tensor):
+        cos, sin = ctx.saved_tensors
+        return (*_rotate_pair(grad_q, grad_k, cos, sin, transposed=True), None, None)
+
+
+def rotate_pair(q: Tensor, k: Tensor, tables) -> Tuple[Tensor, Tensor]:
+    """``(apply_rope(q, tables), apply_rope(k, tables))`` in one launch.
+
+    Args:
+        q, k: (B, h, N, d) features of one shape, any strides.
+        tables: the (N, d) :class:`~mala_mm.models.layers.rope.RotaryTables`.
+
+    Returns:
+        Two (B, h, N, d) tensors in the dtypes of q and k, laid out as the heads of a channels-last map.
+    """
+    return _RotatePair.apply(q, k, tables.cos, tables.sin)
