@@ -1,5 +1,6 @@
 """One check of a machine, phase by phase, into one results folder: fidelity to the release, the attention
-operator, the backbone against Swin-T, a training step of the dense models, torch.compile, and the mmcv build.
+operator, the backbone against Swin-T, the kernels a backbone step launches, a training step of the dense models,
+torch.compile, and the mmcv build.
 Fidelity, attention and backbone run each implementation of the attention (``attn_impl``) this machine has: the
 torch operators, and the Triton kernels on CUDA (or in Triton's interpreter where TRITON_INTERPRET=1 is set).
 
@@ -20,6 +21,7 @@ from torch._dynamo.utils import counters
 
 from attention_op import measure as attention_cost
 from backbone import measure as backbone_speed
+from backbone import step as backbone_step
 from backbone import swin_tiny
 from common import RESULTS_DIR, device_name, exact_fp32, markdown_table, peak_mib, time_ms, write_results
 from dense_step import build, fake_batch
@@ -126,6 +128,41 @@ def backbone(args, device) -> Table:
     names = list(models)
     return rows, ['input', 'mode', 'dtype', *(f'{name} img/s' for name in names),
                   *(f'{name}/Swin-T speed' for name in names[:-1]), *(f'{name} MiB' for name in names)]
+
+
+def launches(args, device) -> Table:
+    """Whether a step is bound by kernel launches: per model, the kernels one eval forward and one train step
+    launch under bf16 autocast at the detection size, the GPU's busy time (the kernels' own time, summed) and the
+    wall time. A wall time far above the busy time is spent launching. CUDA only."""
+    if device.type != 'cuda':
+        return [dict(note='not measured: CUDA kernels only')], ['note']
+    from torch.profiler import ProfilerActivity, profile
+    height, width = SIZES[args.sizes]['detection']
+    models = {f'MALA-T {impl}': MALA(arch='tiny', attn_impl=impl) for impl in attn_impls(device)}
+    models['Swin-T'] = swin_tiny()
+    x = torch.randn(1, 3, height, width, device=device)
+    rows = []
+    for name, model in models.items():
+        model.to(device)
+        for train in (False, True):
+            model.train(train)
+
+            def run():
+                with torch.autocast('cuda', dtype=torch.bfloat16):
+                    backbone_step(model, x, train)
+            run()  # Triton's and cuDNN's first-call work out of the count
+            torch.cuda.synchronize(device)
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                started = time.perf_counter()
+                run()
+                torch.cuda.synchronize(device)
+                wall_ms = (time.perf_counter() - started) * 1e3
+            kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            busy_ms = sum(e.device_time_total for e in kernels) / 1e3
+            rows.append({'model': name, 'mode': 'train step' if train else 'eval', 'kernels': len(kernels),
+                         'GPU busy ms': busy_ms, 'wall ms (profiled)': wall_ms, 'busy/wall': busy_ms / wall_ms})
+        model.cpu()
+    return rows, ['model', 'mode', 'kernels', 'GPU busy ms', 'wall ms (profiled)', 'busy/wall']
 
 
 def optim_wrapper_for(cfg, model, device):
@@ -245,7 +282,7 @@ def install(args, device) -> Table:
 
 
 PHASES: Dict[str, Callable[..., Table]] = dict(install=install, fidelity=fidelity, attention=attention,
-                                               backbone=backbone, dense=dense, compile=compiled)
+                                               backbone=backbone, launches=launches, dense=dense, compile=compiled)
 
 
 def main():

@@ -112,22 +112,30 @@ def test_the_interpreter_the_user_names_or_activates(tmp_path, variables, chosen
     assert first['reason'] == reason
 
 
+def checkout_with_launchers(checkout) -> str:
+    """A checkout at ``checkout`` with the launcher and what it runs, without a .venv; returns its tools folder."""
+    tools = checkout / 'tools'
+    tools.mkdir(parents=True)
+    for script in ('dist_checks.sh', 'dist_train.sh'):
+        shutil.copy(osp.join(ROOT, 'tools', script), tools)
+    shutil.copytree(osp.join(ROOT, 'tools', 'mala_tools'), tools / 'mala_tools')
+    return str(tools)
+
+
 def test_the_repository_venv_without_an_active_environment(tmp_path):
-    assert osp.isfile(osp.join(ROOT, '.venv', 'bin', 'python')), 'tools/setup_env.sh makes .venv'
-    first = refused_for_too_many_processes(tmp_path, launcher_env(tmp_path))
-    assert first['python'] == osp.join(ROOT, '.venv', 'bin', 'python')
+    # a checkout of its own: the repository this suite runs from has no .venv where it was installed otherwise
+    checkout_tools = checkout_with_launchers(tmp_path / 'checkout')
+    venv_python = python_wrapper(tmp_path / 'checkout' / '.venv' / 'bin' / 'python')
+    first = refused_for_too_many_processes(tmp_path, launcher_env(tmp_path), tools=checkout_tools)
+    assert first['python'] == venv_python
     assert first['reason'] == 'the repository .venv, as neither PYTHON nor an active environment names one'
 
 
 def test_python_on_path_in_a_checkout_without_venv(tmp_path):
-    checkout_tools = tmp_path / 'checkout' / 'tools'
-    checkout_tools.mkdir(parents=True)
-    for script in ('dist_checks.sh', 'dist_train.sh'):
-        shutil.copy(osp.join(ROOT, 'tools', script), checkout_tools)
-    shutil.copytree(osp.join(ROOT, 'tools', 'mala_tools'), checkout_tools / 'mala_tools')
+    checkout_tools = checkout_with_launchers(tmp_path / 'checkout')
     on_path = python_wrapper(tmp_path / 'bin' / 'python')
     env = launcher_env(tmp_path, PATH=f'{tmp_path / "bin"}:{os.environ["PATH"]}')
-    first = refused_for_too_many_processes(tmp_path, env, tools=str(checkout_tools))
+    first = refused_for_too_many_processes(tmp_path, env, tools=checkout_tools)
     assert first['python'] == on_path
     assert first['reason'] == 'PATH, as neither PYTHON, an active environment nor a repository .venv names one'
 
@@ -301,7 +309,9 @@ def test_mmcv_works_runs_the_compiled_nms():
 def test_the_tools_refuse_cpu_on_a_machine_with_gpus(tmp_path, tool):
     args = [tool, DET_CONFIG] + (['missing.pth'] if tool == 'test.py' else [])
     smi = fake_nvidia_smi(tmp_path / 'nvidia-smi', gpus=4)
-    refused = call_tool(args, tmp_path, MALA_MM_ALLOW_CPU='', MALA_MM_NVIDIA_SMI=smi)
+    # processes of their own: torch hides a GPU host's GPUs (CUDA_VISIBLE_DEVICES='') only from a process that has
+    # not asked for them yet, and this one may have
+    refused = run_tool(args, tmp_path, MALA_MM_ALLOW_CPU='', MALA_MM_NVIDIA_SMI=smi)
     assert refused.returncode == 2
     error, = refused.stderr.splitlines()
     assert re.fullmatch(r'error: \S+ has 4 NVIDIA GPUs, but torch \S+ (is built without CUDA|\(CUDA [0-9.]+\) '
@@ -309,7 +319,7 @@ def test_the_tools_refuse_cpu_on_a_machine_with_gpus(tmp_path, tool):
                         r'\(docs/get_started.md#which-torch-for-which-driver\), or set MALA_MM_ALLOW_CPU=1 to run '
                         r'on CPU anyway', error), error
     # a node's other processes stop as well, silently: its first process speaks for the node
-    quiet = call_tool(args, tmp_path, MALA_MM_ALLOW_CPU='', MALA_MM_NVIDIA_SMI=smi, LOCAL_RANK='1')
+    quiet = run_tool(args, tmp_path, MALA_MM_ALLOW_CPU='', MALA_MM_NVIDIA_SMI=smi, LOCAL_RANK='1')
     assert (quiet.returncode, quiet.stderr) == (2, '')
     # past the check with the opt-in, or where the machine has no GPU: the next check refuses the missing data
     for env in (dict(MALA_MM_ALLOW_CPU='1', MALA_MM_NVIDIA_SMI=smi),

@@ -139,12 +139,18 @@ class MALABlock(nn.Module):
             self.gamma_1 = nn.Parameter(torch.full((1, embed_dims, 1, 1), float(layer_scale_init)))
             self.gamma_2 = nn.Parameter(torch.full((1, embed_dims, 1, 1), float(layer_scale_init)))
 
+    def _add_branch(self, x: Tensor, branch: Tensor, gamma: Optional[Tensor]) -> Tensor:
+        """``x + DropPath(gamma * branch)``; one kernel where no block is dropped (eval, or a rate of 0)."""
+        if gamma is None:
+            return x + self.drop_path(branch)
+        if not self.training or isinstance(self.drop_path, nn.Identity):
+            return torch.addcmul(x, gamma, branch)
+        return x + self.drop_path(gamma * branch)
+
     def _forward(self, x: Tensor, rope: Optional[RotaryTables]) -> Tensor:
         x = self.pos(x)
-        attn = self.attn(self.norm1(x), rope)
-        x = x + self.drop_path(attn if self.gamma_1 is None else self.gamma_1 * attn)
-        ffn = self.ffn(self.norm2(x))
-        return x + self.drop_path(ffn if self.gamma_2 is None else self.gamma_2 * ffn)
+        x = self._add_branch(x, self.attn(self.norm1(x), rope), self.gamma_1)
+        return self._add_branch(x, self.ffn(self.norm2(x)), self.gamma_2)
 
     def forward(self, x: Tensor, rope: Optional[RotaryTables] = None) -> Tensor:
         """x: (B, C, H, W); rope: the stage's RoPE tables for (H, W), or None. Returns (B, C, H, W)."""

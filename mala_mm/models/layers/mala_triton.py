@@ -220,11 +220,15 @@ def _key_value_grad_kernel(k_ptr, v_ptr, d_state_ptr, cos_ptr, sin_ptr, dk_ptr, 
 INTERPRETED = not isinstance(_state_kernel, triton.runtime.JITFunction)
 
 
-def _tiles(head_dims: int) -> Tuple[int, int, int]:
-    """BLOCK_N (tokens a tile), BLOCK_D (padded head width) and warps: a d x d fp32 state and its gradient stay in
-    registers up to d = 64; wider heads (96 in MALA-B and -L) take half as many tokens a tile and twice the warps."""
+def _tiles(head_dims: int) -> Tuple[int, int, dict]:
+    """BLOCK_N (tokens a tile), BLOCK_D (padded head width) and the launch options: a d x d fp32 state and its
+    gradient stay in registers up to d = 64; wider heads (96 in MALA-B and -L) take half as many tokens a tile,
+    twice the warps and no software pipelining: pipelined, the query gradient's kernel asks for 240 KiB of shared
+    memory (Triton 3.6, d = 96), more than an H200's 227 KiB."""
     block_d = max(16, triton.next_power_of_2(head_dims))
-    return (64, block_d, 4) if block_d <= 64 else (32, block_d, 8)
+    if block_d <= 64:
+        return 64, block_d, dict(num_warps=4)
+    return 32, block_d, dict(num_warps=8, num_stages=1)
 
 
 def _chunks(num_tokens: int, batch_heads: int, block_n: int) -> Tuple[int, int]:
@@ -257,10 +261,10 @@ class _FusedMALAttention(torch.autograd.Function):
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, cos: Optional[Tensor], sin: Optional[Tensor], eps: float):
         q, k, v = (_unit_stride(t) for t in (q, k, v))
         batch, heads, num_tokens, head_dims = q.shape
-        block_n, block_d, warps = _tiles(head_dims)
+        block_n, block_d, launch = _tiles(head_dims)
         chunk_tokens, num_chunks = _chunks(num_tokens, batch * heads, block_n)
         rope = (cos.contiguous(), sin.contiguous()) if cos is not None else (q, q)  # unread without RoPE
-        common = dict(HAS_ROPE=cos is not None, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=warps)
+        common = dict(HAS_ROPE=cos is not None, BLOCK_N=block_n, BLOCK_D=block_d, **launch)
 
         partial = q.new_empty((batch * heads, num_chunks, block_d + 2, block_d), dtype=torch.float32)
         _state_kernel[(num_chunks, batch * heads)](
@@ -279,10 +283,10 @@ class _FusedMALAttention(torch.autograd.Function):
         q, k, v, cos, sin, state = ctx.saved_tensors
         grad = _unit_stride(grad)
         batch, heads, num_tokens, head_dims = q.shape
-        block_n, block_d, warps = _tiles(head_dims)
+        block_n, block_d, launch = _tiles(head_dims)
         chunk_tokens, num_chunks = _chunks(num_tokens, batch * heads, block_n)
         rope = (cos.contiguous(), sin.contiguous()) if cos is not None else (q, q)
-        common = dict(HAS_ROPE=cos is not None, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=warps)
+        common = dict(HAS_ROPE=cos is not None, BLOCK_N=block_n, BLOCK_D=block_d, **launch)
 
         dq, dk, dv = (heads_of_channels_last_map(t) for t in (q, k, v))
         partial = q.new_empty((batch * heads, num_chunks, block_d + 2, block_d), dtype=torch.float32)
