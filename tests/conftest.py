@@ -197,8 +197,13 @@ def call_tool(args, cwd, **env) -> subprocess.CompletedProcess:
     """Run ``tools/<args[0]>`` (a ``.py`` tool) in this process, as ``python tools/<args[0]> args[1:]`` would run it
     from ``cwd`` with the environment of :func:`tool_env` and ``env``: its exit status, as a process would end with
     it, and what it printed. For the tools' refusals and short runs: the interpreter and the stack are imported
-    once for the suite, not once per call (3-5 s each). Tests of what only a process shows (a launcher, a kill, a
-    fresh interpreter) use :func:`run_tool`."""
+    once for the suite, not once per call (3-5 s each); on a machine whose GPUs this process sees, in a process of its
+    own (:func:`run_tool`). Tests of what only a process shows (a launcher, a kill, a fresh interpreter) use
+    :func:`run_tool`."""
+    if torch.cuda.is_available():
+        # CUDA_VISIBLE_DEVICES='' hides a GPU host's GPUs only from a process that has not yet asked for them, and
+        # this one may have: the tool runs in a process of its own, on CPU as CPU_ONLY says
+        return run_tool(args, cwd, **env)
     tool = os.path.join(ROOT, 'tools', args[0])
     assert tool.endswith('.py'), f'{args[0]}: only Python tools run in-process'
     out, err = io.StringIO(), io.StringIO()

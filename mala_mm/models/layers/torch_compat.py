@@ -31,7 +31,13 @@ def is_compiling() -> bool:
 
 
 def is_exporting() -> bool:
-    """Whether torch.export is tracing the code that asks (torch >= 2.5 tells; before, it counts as compiling)."""
+    """Whether torch.export is tracing the code that asks (torch >= 2.5 tells; before, it counts as compiling).
+
+    torch 2.11's dynamo answers ``torch.compiler.is_exporting()`` with True under torch.compile too; 2.13's reads
+    the flag that torch.export sets, ``torch.compiler._is_exporting_flag``, which is read here where it exists."""
+    flag = getattr(torch.compiler, '_is_exporting_flag', None)
+    if flag is not None:
+        return flag
     return hasattr(torch.compiler, 'is_exporting') and torch.compiler.is_exporting()
 
 
