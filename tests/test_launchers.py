@@ -256,6 +256,102 @@ def setup_env_function(call: str, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
+# mmcv 2.1.0's get_version, as its setup.py has it: Python 3.13 stops on it with KeyError: '__version__'
+MMCV_GET_VERSION = """def get_version():
+    version_file = 'mmcv/version.py'
+    with open(version_file, encoding='utf-8') as f:
+        exec(compile(f.read(), version_file, 'exec'))
+    return locals()['__version__']
+"""
+
+
+def test_mmcv_source_comes_from_pips_find_links_with_a_setup_py_that_reads_its_version(tmp_path):
+    sdist = tmp_path / 'src' / 'mmcv-2.1.0'
+    (sdist / 'mmcv').mkdir(parents=True)
+    (sdist / 'mmcv' / 'version.py').write_text("__version__ = '2.1.0'\n")
+    (sdist / 'setup.py').write_text(f"{MMCV_GET_VERSION}\nextra_compile_args = ['-std=c++17']\n")
+    links = tmp_path / 'links'
+    links.mkdir()
+    subprocess.run(['tar', '-czf', str(links / 'mmcv-2.1.0.tar.gz'), '-C', str(tmp_path / 'src'), 'mmcv-2.1.0'],
+                   check=True)
+    result = subprocess.run(
+        ['bash', '-c', f'source "{ROOT}/tools/setup_env.sh" && PY="$1" && mmcv_source "$2" 20', 'setup_env',
+         sys.executable, str(tmp_path / 'unpacked')],
+        capture_output=True, text=True, timeout=120, env={**os.environ, 'PIP_FIND_LINKS': str(links),
+                                                          'PIP_NO_INDEX': '1'})
+    assert result.returncode == 0, result.stderr
+    unpacked = result.stdout.strip()
+    setup = open(osp.join(unpacked, 'setup.py')).read()
+    assert 'locals()' not in setup and "'-std=c++20'" in setup
+    namespace = {}
+    exec(setup[:setup.index('\nextra_compile_args')], namespace)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(unpacked)
+        assert namespace['get_version']() == '2.1.0'
+
+
+def test_mmcv_source_stops_where_pip_finds_no_archive(tmp_path):
+    result = subprocess.run(
+        ['bash', '-c', f'source "{ROOT}/tools/setup_env.sh" && PY="$1" && mmcv_source "$2" 17', 'setup_env',
+         sys.executable, str(tmp_path / 'unpacked')],
+        capture_output=True, text=True, timeout=120, env={**os.environ, 'PIP_FIND_LINKS': str(tmp_path),
+                                                          'PIP_NO_INDEX': '1'})
+    assert result.returncode == 1
+    assert "mmcv-2.1.0.tar.gz is in none of pip's find-links folders, and pip uses no index" in result.stderr
+
+
+def test_strip_wheel_removes_the_debug_information_of_its_shared_objects(tmp_path):
+    package = tmp_path / 'tree' / 'demo'
+    package.mkdir(parents=True)
+    (tmp_path / 'twice.c').write_text('int twice(int x) { return 2 * x; }\n')
+    subprocess.run(['gcc', '-g', '-O2', '-shared', '-fPIC', '-o', str(package / '_ext.so'), str(tmp_path / 'twice.c')],
+                   check=True)
+    info = tmp_path / 'tree' / 'demo-1.0.dist-info'
+    info.mkdir()
+    (info / 'METADATA').write_text('Metadata-Version: 2.1\nName: demo\nVersion: 1.0\n')
+    (info / 'WHEEL').write_text('Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\n'
+                                'Tag: cp311-cp311-linux_x86_64\n')
+    (info / 'RECORD').write_text('')
+    subprocess.run([sys.executable, '-m', 'wheel', 'pack', '-d', str(tmp_path), str(tmp_path / 'tree')], check=True,
+                   capture_output=True)
+    wheel = tmp_path / 'demo-1.0-cp311-cp311-linux_x86_64.whl'
+
+    def sections():
+        subprocess.run(['unzip', '-o', '-q', str(wheel), 'demo/_ext.so', '-d', str(tmp_path / 'out')], check=True)
+        return subprocess.run(['readelf', '-S', str(tmp_path / 'out' / 'demo' / '_ext.so')], capture_output=True,
+                              text=True, check=True).stdout
+    assert '.debug_info' in sections()
+    result = setup_env_function('PY="$1" && strip_wheel "$2"', sys.executable, str(wheel))
+    assert result.returncode == 0, result.stderr
+    assert '.debug_info' not in sections() and '.text' in sections()
+    # the wheel's RECORD was written anew: pip installs it
+    installed = subprocess.run([sys.executable, '-m', 'pip', 'install', '--no-deps', '--target', str(tmp_path / 'site'),
+                                str(wheel)], capture_output=True, text=True)
+    assert installed.returncode == 0, installed.stderr
+
+
+# The cuda-toolkit that torch 2.11's and 2.13's CUDA 13.0 builds require (their Requires-Dist)
+CUDA_TOOLKIT = '13.0.2'
+
+
+@pytest.mark.slow  # installs PyPI's CUDA compiler (about 200 MB)
+def test_the_setups_cuda_toolkit_compiles_for_one_architecture(tmp_path):
+    """The compiler parts the setup installs from PyPI work together: nvcc 13.0 with an nvvm of another version
+    wrote PTX its ptxas refused. One kernel compiled for sm_90, no GPU needed."""
+    requirement = setup_env_function('cuda_toolkit_requirement "$1"', CUDA_TOOLKIT).stdout.split()
+    site = tmp_path / 'site'
+    installed = subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', '--target', str(site), *requirement],
+                               capture_output=True, text=True, timeout=1200)
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    home = site / 'nvidia' / 'cu13'
+    (tmp_path / 'scale.cu').write_text('__global__ void scale(float *x) { x[threadIdx.x] *= 2.0f; }\n')
+    compiled = subprocess.run([str(home / 'bin' / 'nvcc'), '-arch=sm_90', '-c', str(tmp_path / 'scale.cu'), '-o',
+                               str(tmp_path / 'scale.o')], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, 'CUDA_HOME': str(home), 'PATH': f'{home / "bin"}:{os.environ["PATH"]}'})
+    assert compiled.returncode == 0, compiled.stderr
+    assert (tmp_path / 'scale.o').stat().st_size > 0
+
+
 def test_build_progress_counts_ninja_lines_as_pip_indents_them(tmp_path):
     build_log = tmp_path / 'build.log'
     build_log.write_text(

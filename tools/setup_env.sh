@@ -169,6 +169,13 @@ toolkit_gaps() {
     done
 }
 
+# PyPI's cuda-toolkit $1 with the parts mmcv's CUDA build needs, every compiler part pinned to that version by the
+# toolkit's own extras: without the nvvm extra, nvcc's unpinned nvidia-nvvm comes at its newest, whose cicc writes
+# PTX that the toolkit's own ptxas refuses (nvvm 13.5 against ptxas 13.0: "Unsupported .version 9.5").
+cuda_toolkit_requirement() {
+    echo "cuda-toolkit[nvcc,nvvm,cccl,crt,cudart,cublas,cusparse]==$1"
+}
+
 # The CUDA toolkit to build with, for a torch of CUDA $1 whose extension builder found $2 and that was built
 # against PyPI's cuda-toolkit $3 ("none" if not): CUDA_HOME or $2 where complete, else that cuda-toolkit's
 # compiler and headers installed into .venv. Stops with what to install where there is none.
@@ -188,7 +195,7 @@ find_cuda_toolkit() {
     fi
     log "no complete CUDA toolkit (${gaps:-none found}); installing PyPI's cuda-toolkit $pypi_toolkit, the one" \
         "torch was built against, into $VENV"
-    pip_install "cuda-toolkit[nvcc,cccl,crt,cudart,cublas,cusparse]==$pypi_toolkit" >&2
+    pip_install $(cuda_toolkit_requirement "$pypi_toolkit") >&2
     site="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
     home="$site/nvidia/cu${torch_cuda%%.*}"
     gaps="$(toolkit_gaps "$home" "$torch_cuda")"
@@ -213,21 +220,41 @@ unversioned_cudart() {
     echo "$links"
 }
 
-# mmcv's source, unpacked into the folder $1, set to the C++ standard $2 that torch's headers require: mmcv
-# $MMCV_VERSION's setup.py passes -std=c++17 to g++ and nvcc, and torch >= 2.14 refuses anything below C++20.
+# mmcv's source, unpacked into the folder $1, its setup.py made to run: set to the C++ standard $2 that torch's
+# headers require (mmcv $MMCV_VERSION's setup.py passes -std=c++17 to g++ and nvcc, and torch >= 2.14 refuses
+# anything below C++20), and reading its version through a namespace of its own (get_version reads what exec
+# defined back through locals(), which Python 3.13 no longer updates: KeyError: '__version__'). The archive is
+# fetched where pip would find it (tools/mala_tools/sdist.py): pip's own download runs the unpatched setup.py.
 mmcv_source() {
-    local into="$1" standard="$2"
-    if ! "$PY" -m pip download --disable-pip-version-check -q --no-deps --no-binary mmcv --no-build-isolation \
-            -d "$into" "mmcv==$MMCV_VERSION" >&2; then
-        log "error: pip could not download mmcv $MMCV_VERSION's source (above: why)"
+    local into="$1" standard="$2" archive setup
+    if ! archive="$("$PY" "$ROOT/tools/mala_tools/sdist.py" mmcv "$MMCV_VERSION" "$into")"; then
+        log "error: could not fetch mmcv $MMCV_VERSION's source (above: why)"
         return 1
     fi
-    tar -xzf "$into/mmcv-$MMCV_VERSION.tar.gz" -C "$into"
+    tar -xzf "$archive" -C "$into"
+    setup="$into/mmcv-$MMCV_VERSION/setup.py"
     if [[ "$standard" != 17 ]]; then
         log "torch requires C++$standard; building mmcv with -std=c++$standard in place of its setup.py's c++17"
-        sed -i "s/-std=c++17/-std=c++$standard/g" "$into/mmcv-$MMCV_VERSION/setup.py"
+        sed -i "s/-std=c++17/-std=c++$standard/g" "$setup"
+    fi
+    sed -i -e "s/exec(compile(f.read(), version_file, 'exec'))/exec(compile(f.read(), version_file, 'exec'), globals())/" \
+        -e "s/return locals()\['__version__'\]/return globals()['__version__']/" "$setup"
+    if ! grep -q "return globals()\['__version__'\]" "$setup"; then
+        log "error: mmcv $MMCV_VERSION's setup.py has no get_version of the form patched here"
+        return 1
     fi
     echo "$into/mmcv-$MMCV_VERSION"
+}
+
+# The debug information out of the wheel $1's shared objects, in place: a CUDA build's _ext is 109 MB with it and
+# 26.5 MB without, its wheel 37.8 MB against 6.0 MB, which every cache, bundle and copy to a cluster carries.
+strip_wheel() {
+    local wheel="$1" unpacked
+    unpacked="$(mktemp -d)"
+    "$PY" -m wheel unpack -d "$unpacked" "$wheel" > /dev/null
+    find "$unpacked" -name '*.so' -exec strip --strip-debug {} +
+    "$PY" -m wheel pack -d "$(dirname "$wheel")" "$unpacked"/* > /dev/null
+    rm -rf "$unpacked"
 }
 
 # Build mmcv's wheel into the cache folder $1: $2 the ops ("cpu", or the CUDA version for its CUDA ops), $3 the
@@ -257,6 +284,7 @@ build_mmcv() {
         log "the mmcv build failed; whole output: $build_log"
         exit 1
     fi
+    strip_wheel "$(ls "$build_dir"/mmcv-*.whl)"
     mv "$build_dir"/mmcv-*.whl "$cached_dir"/
     rm -rf "$build_dir" ${cudart_dir:+"$cudart_dir"}
 }
