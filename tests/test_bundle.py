@@ -85,6 +85,15 @@ def test_install_stops_naming_the_left_out_packages_the_python_lacks(tmp_path):
     assert 'tested: no-such-package-here 1.0' in result.stderr and 'numpy' not in result.stderr
 
 
+def test_any_build_of_opencv_stands_in_for_a_left_out_one(tmp_path):
+    # a GPU container's opencv-python-headless for a bundle made --leave-out opencv-python: this environment has
+    # opencv-python, and the bundle left out another build of OpenCV
+    bundle = fake_bundle(tmp_path / 'b', left_out=['opencv-contrib-python-headless'])
+    result = run_install(bundle, '--python', sys.executable, '--target', str(tmp_path / 'site'))
+    assert '[install] opencv-python provides cv2 in place of opencv-contrib-python-headless' in result.stderr
+    assert 'the bundle was made without' not in result.stderr
+
+
 def test_install_stops_on_another_python_version(tmp_path):
     result = run_install(fake_bundle(tmp_path / 'b', python='3.99'), '--python', sys.executable)
     assert result.returncode == 2

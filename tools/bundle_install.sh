@@ -57,9 +57,21 @@ else
 fi
 
 # The bundle's Python, torch, and the packages the bundle was made without: one error line naming what is missing.
-"$PY" - "$BUNDLE/bundle.json" <<'PYCODE' || exit 2
+# prints "NAME PROVIDER" for each left-out package that another distribution stands in for
+stand_ins="$("$PY" - "$BUNDLE/bundle.json" <<'PYCODE'
 import json, sys
 from importlib import metadata
+# the builds of OpenCV on PyPI: each provides cv2, which is what mmcv and mmengine import
+OPENCV = ('opencv-python', 'opencv-python-headless', 'opencv-contrib-python', 'opencv-contrib-python-headless')
+
+
+def installed(name):
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 manifest = json.load(open(sys.argv[1]))
 have = '%d.%d' % sys.version_info[:2]
 problems = []
@@ -68,9 +80,12 @@ if have != manifest['python']:
                     f"bundle with --python {have}, or pass --python with a Python {manifest['python']}")
 missing = []
 for name in ['torch', *manifest['left_out']]:
-    try:
-        metadata.version(name)
-    except metadata.PackageNotFoundError:
+    if installed(name):
+        continue
+    provider = next((other for other in OPENCV if installed(other)), None) if name in OPENCV else None
+    if provider:
+        print(name, provider)
+    else:
         missing.append(name)
 if 'torch' in missing:
     problems.append(f'{sys.executable} has no torch: install torch first, or pass the --python that has it')
@@ -83,10 +98,19 @@ if problems:
     print('[install] error: ' + '; '.join(problems), file=sys.stderr)
     sys.exit(2)
 PYCODE
+)" || exit 2
+if [[ -n "$stand_ins" && -z "$target" ]]; then
+    # pip would resolve mmengine's and mmcv's requirement of opencv-python and find none: every bundled package
+    # is named and none is resolved, as --target installs them ('pip check' will name the stand-in)
+    export PIP_NO_DEPS=1
+fi
+while read -r name provider; do
+    [[ -n "$name" ]] && say "$provider provides cv2 in place of $name"
+done <<< "$stand_ins"
 
 torch_before="$("$PY" -W ignore -c 'import torch; print(torch.__version__, torch.__file__)')"
 say "installing into ${target:-the environment of $PY} (torch ${torch_before%% *}, left as it is)"
-if [[ -n "$target" ]]; then
+if [[ -n "$target" || -n "$stand_ins" ]]; then
     pip_install $(ls "$BUNDLE"/wheels/*.whl | grep -v '/mala_mm-')
 else
     mapfile -t roots < <("$PY" -c 'import json, sys; print(*json.load(open(sys.argv[1]))["roots"], sep="\n")' \
