@@ -233,3 +233,12 @@ def test_a_paper_result_of_unknown_source_is_refused(tmp_path):
     assert result.returncode != 0
     assert "Source 'blog'" in result.stderr and 'Traceback' not in result.stderr
     assert readme.read_text() == before
+
+
+def test_h200_hours_are_the_schedules_iterations_times_the_step():
+    # a 1x COCO schedule: 12 epochs of 117,266 images at 16 an iteration, 7,330 iterations an epoch
+    coco = {'Epochs': 12, 'Batch Size': 16, 'H200 Step (s)': 0.5, 'H200 Memory (GiB)': 6.0}
+    assert model_zoo._gpu_cells(coco) == ['0.50', '6.0', f'{0.5 * 12 * 7330 / 3600:.1f}']
+    assert model_zoo._gpu_cells({'Iterations': 160000, 'Batch Size': 16, 'H200 Step (s)': 0.2}) == [
+        '0.20', '', f'{0.2 * 160000 / 3600:.1f}']
+    assert model_zoo._gpu_cells({'Iterations': 80000, 'Batch Size': 16}) == ['', '', '']

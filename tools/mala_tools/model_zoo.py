@@ -13,6 +13,7 @@ Examples:
     python tools/gen_model_zoo.py --check    # exit 2 if README.md is not what the metafiles and arch_zoo give
 """
 import argparse
+import math
 import textwrap
 from pathlib import Path
 from typing import List, Tuple
@@ -63,6 +64,24 @@ def _flops_cell(meta: dict) -> str:
     return flops + '*' if flops and meta.get('FLOPs note') else flops
 
 
+# COCO train2017 less its images without annotations, which mmdet's filter_empty_gt drops: an epoch's iterations
+COCO_TRAIN_IMAGES = 117_266
+
+
+def _iterations(meta: dict) -> int:
+    """The schedule's iterations: ``Iterations``, or ``Epochs`` of COCO at ``Batch Size`` images an iteration."""
+    if 'Iterations' in meta:
+        return meta['Iterations']
+    return meta['Epochs'] * math.ceil(COCO_TRAIN_IMAGES / meta['Batch Size'])
+
+
+def _gpu_cells(meta: dict) -> List[str]:
+    """A training step's time and peak memory on one H200 where measured, and the schedule's hours at that step."""
+    step = meta.get('H200 Step (s)')
+    hours = None if step is None else step * _iterations(meta) / 3600
+    return [_cell(step, '.2f'), _cell(meta.get('H200 Memory (GiB)'), '.1f'), _cell(hours, '.1f')]
+
+
 def _row(cells: List[str]) -> str:
     return '|' + '|'.join(f' {cell} ' if cell else ' ' for cell in cells) + '|'
 
@@ -103,6 +122,7 @@ def render_table(metafile: dict) -> str:
     except KeyError as err:
         fail(f'a metafile entry has no {err}')
     header = ['config', 'method', 'backbone', 'schedule', 'params (M)', 'FLOPs (G)', 'of which attention',
+              'H200 step (s)', 'H200 memory (GiB)', '8 x H200 hours',
               *(f'paper {name}' for name in metrics), *(f'measured {name}' for name in metrics), 'weights']
     lines = [f'**{datasets}**', '', _row(header), '|' + '---|' * len(header)]
     for model in models:
@@ -114,7 +134,7 @@ def render_table(metafile: dict) -> str:
             paper_cells = [_cell(paper['Metrics'].get(name), '.1f') for name in metrics]
             row = [f'[{model["Name"]}]({model["Config"]})', model['In Collection'], meta['Backbone'],
                    meta['Schedule'], _cell(meta.get('Parameters (M)'), '.2f'), _flops_cell(meta),
-                   _cell(meta.get('Attention FLOPs (G)'), '.1f'),
+                   _cell(meta.get('Attention FLOPs (G)'), '.1f'), *_gpu_cells(meta),
                    *(cell + mark if cell else '' for cell in paper_cells),
                    *(_cell(measured.get(name), '.1f') for name in metrics),
                    f'[model]({model["Weights"]})' if model.get('Weights') else '']
@@ -130,7 +150,12 @@ def render_sources_note(metafiles: List[dict]) -> str:
     used = {_paper_results(model)['Source'] for metafile in metafiles for model in metafile['Models']}
     sources = '; '.join(PAPER_SOURCES[source][1] for source in PAPER_SOURCES if source in used)
     note = (f"Paper columns: the paper's results, each row's target{f' ({sources})' if sources else ''}. Measured "
-            "columns: this project's own training and testing of the config, empty until the row is trained.")
+            "columns: this project's own training and testing of the config, empty until the row is trained. "
+            "H200 columns: one training step of the config on one NVIDIA H200 at its per-GPU batch, through its "
+            "optim wrapper, and its peak memory "
+            "([how](benchmarks/results/h200/README.md); the attention then ran in torch operators); 8 x H200 "
+            "hours: the schedule's iterations times that step, without data loading and the gradients' exchange "
+            "between GPUs; empty where not measured.")
     return textwrap.fill(note, width=115, break_long_words=False, break_on_hyphens=False)
 
 
