@@ -28,7 +28,7 @@ TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 MMCV_VERSION=2.1.0
 CACHE="${MALA_MM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mala_mm}"
 # the Pythons the whole stack (mmcv's build included) has been set up and tested with (docs/get_started.md)
-SUPPORTED_PYTHONS="3.11 3.12"
+SUPPORTED_PYTHONS="3.11 3.12 3.13"
 
 log() { printf '[setup_env] %s\n' "$*" >&2; }
 
@@ -41,13 +41,6 @@ stamp_inputs() {
 
 pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
 
-# Why the Python version $1 fails, where a setup with it was tried; nothing for the others.
-python_failure() {
-    case "$1" in
-        3.13) echo "mmcv $MMCV_VERSION's setup.py stops on it with KeyError: '__version__' (its get_version reads" \
-                   "what exec defined back through locals(), which Python 3.13 no longer updates)" ;;
-    esac
-}
 
 # Stops, before anything is downloaded, when the interpreter $1 that would create .venv is not a Python the
 # stack is set up with, saying which to use instead.
@@ -58,10 +51,8 @@ check_python() {
         exit 2
     fi
     if [[ " $SUPPORTED_PYTHONS " != *" $version "* ]]; then
-        local newest="${SUPPORTED_PYTHONS##* }" failure reason=","
-        failure="$(python_failure "$version")"
-        [[ -n "$failure" ]] && reason=": $failure;"
-        log "error: $1 is Python $version$reason and the stack is set up and tested with Python" \
+        local newest="${SUPPORTED_PYTHONS##* }"
+        log "error: $1 is Python $version, and the stack is set up and tested with Python" \
             "${SUPPORTED_PYTHONS// /, } only (mmcv $MMCV_VERSION is built here from source): install Python" \
             "$newest (e.g. 'uv python install $newest' or pyenv) and run again with PYTHON=python$newest"
         exit 2

@@ -27,6 +27,11 @@ from torch import Tensor
 TARGET_PROGRAMS = 512
 
 
+# Triton compiles a kernel again where an integer argument moves between 1, multiples of 16 and other values; the
+# number of tokens changes with every image size, so it is passed as a plain runtime value
+SIZE_ARGS = ['num_tokens']
+
+
 @triton.jit
 def _phi(x, valid):
     """elu(x) + 1, and 0 outside the tensor: phi(0) = 1 would count padding as tokens and channels."""
@@ -79,7 +84,7 @@ def _store_state(ptr, cols, matrix, first, second, BLOCK_D: tl.constexpr):
     tl.store(ptr + (BLOCK_D + 1) * BLOCK_D + cols, second)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=SIZE_ARGS + ['chunk_tokens'])
 def _state_kernel(k_ptr, v_ptr, cos_ptr, sin_ptr, partial_ptr,
                   stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                   num_heads, num_tokens, head_dims, chunk_tokens,
@@ -109,7 +114,7 @@ def _state_kernel(k_ptr, v_ptr, cos_ptr, sin_ptr, partial_ptr,
     _store_state(partial, cols, kv, k_sum, v_sum, BLOCK_D)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=SIZE_ARGS)
 def _output_kernel(q_ptr, state_ptr, cos_ptr, sin_ptr, out_ptr,
                    stride_qb, stride_qh, stride_qn, stride_ob, stride_oh, stride_on,
                    num_heads, num_tokens, head_dims, scale, eps,
@@ -134,7 +139,7 @@ def _output_kernel(q_ptr, state_ptr, cos_ptr, sin_ptr, out_ptr,
     tl.store(out_ptr + rows[:, None] * stride_on + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=valid)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=SIZE_ARGS + ['chunk_tokens'])
 def _query_grad_kernel(q_ptr, grad_ptr, state_ptr, cos_ptr, sin_ptr, dq_ptr, partial_ptr,
                        stride_qb, stride_qh, stride_qn, stride_gb, stride_gh, stride_gn,
                        stride_db, stride_dh, stride_dn,
@@ -184,7 +189,7 @@ def _query_grad_kernel(q_ptr, grad_ptr, state_ptr, cos_ptr, sin_ptr, dq_ptr, par
     _store_state(partial, cols, d_kv, d_k_mean, d_v_mean, BLOCK_D)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=SIZE_ARGS)
 def _key_value_grad_kernel(k_ptr, v_ptr, d_state_ptr, cos_ptr, sin_ptr, dk_ptr, dv_ptr,
                            stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                            stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,

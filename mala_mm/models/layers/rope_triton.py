@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .mala_triton import heads_of_channels_last_map, rotate, rotate_transposed
+from .mala_triton import SIZE_ARGS, heads_of_channels_last_map, rotate, rotate_transposed
 
 
 @triton.jit
@@ -26,7 +26,7 @@ def _rotate_tile(x_ptr, out_ptr, cos, sin, rows, cols, valid, stride_xn, stride_
     tl.store(out_ptr + rows[:, None] * stride_on + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=valid)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=SIZE_ARGS)
 def _rotate_pair_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, q_out_ptr, k_out_ptr,
                         stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
                         stride_ob, stride_oh, stride_on,
