@@ -44,15 +44,15 @@ class MALA(BaseModule):
         norm_eval: keep every BatchNorm (SyncBN included) in eval mode while training.
         norm_cfg: norm of the stem and downsamples, e.g. dict(type='BN') or dict(type='SyncBN').
         with_cp: activation checkpointing in every block.
-        attn_impl: how the attention runs: 'triton' in fused Triton kernels (forward and backward, fp32
-            arithmetic whatever the input's precision), 'torch' in torch operators, or 'auto' (default): Triton's
-            for CUDA tensors where Triton is installed, torch's elsewhere. Traced, exported and compiled graphs
-            always take torch's. Both compute the same formula; parameters and state dict are unchanged.
         compile: run the stem and stages through ``torch.compile`` with ``fullgraph=True, dynamic=True`` (torch
             >= 2.4): one graph for training and one for eval across input sizes, except that inductor's CPU code
             adds one where a sum over tokens crosses 4096 elements (docs/dev/benchmarks.md). True, or a dict of further
             ``torch.compile`` arguments (``mode``, ``backend``, ``options``; it may also override ``dynamic``).
             Parameters and state dict are unchanged; tracing and export see the plain forward.
+        attn_impl: how the attention runs: 'triton' in fused Triton kernels (forward and backward, fp32
+            arithmetic whatever the input's precision), 'torch' in torch operators, or 'auto' (default): Triton's
+            for CUDA tensors where Triton is installed, torch's elsewhere. Traced, exported and compiled graphs
+            always take torch's. Both compute the same formula; parameters and state dict are unchanged.
         init_cfg: dict(type='Pretrained', checkpoint=PATH_OR_URL) loads a released classification checkpoint,
             an mmdet/mmseg checkpoint holding ``backbone.*`` or a plain backbone state dict; an optional
             ``prefix`` picks the sub-dict. Without it, weights are initialised as released (truncated normal).
