@@ -71,6 +71,14 @@ def _load(ptr, stride_n, rows, cols, num_tokens, head_dims):
 
 
 @triton.jit
+def _load_tables(cos_ptr, sin_ptr, rows, cols, num_tokens, head_dims):
+    """The (rows, cols) tiles of the (N, d) RoPE tables."""
+    cos, _ = _load(cos_ptr, head_dims, rows, cols, num_tokens, head_dims)
+    sin, _ = _load(sin_ptr, head_dims, rows, cols, num_tokens, head_dims)
+    return cos, sin
+
+
+@triton.jit
 def _load_state(ptr, cols, BLOCK_D: tl.constexpr):
     """A (BLOCK_D + 2, BLOCK_D) state: the d x d matrix and its two row vectors."""
     matrix = tl.load(ptr + cols[:, None] * BLOCK_D + cols[None, :])
@@ -106,8 +114,7 @@ def _state_kernel(k_ptr, v_ptr, cos_ptr, sin_ptr, partial_ptr,
         k_sum += tl.sum(phi_k, 0)
         v_sum += tl.sum(v, 0)
         if HAS_ROPE:
-            cos, _ = _load(cos_ptr, head_dims, rows, cols, num_tokens, head_dims)
-            sin, _ = _load(sin_ptr, head_dims, rows, cols, num_tokens, head_dims)
+            cos, sin = _load_tables(cos_ptr, sin_ptr, rows, cols, num_tokens, head_dims)
             phi_k = rotate(phi_k, cos, sin, BLOCK_N, BLOCK_D)
         kv += tl.dot(tl.trans(phi_k), v, input_precision='ieee')
     partial = partial_ptr + (bh * tl.num_programs(0) + chunk) * (BLOCK_D + 2) * BLOCK_D
@@ -130,8 +137,7 @@ def _output_kernel(q_ptr, state_ptr, cos_ptr, sin_ptr, out_ptr,
     z = scale * tl.sum(phi_q * (k_sum / num_tokens)[None, :], 1)  # before RoPE, as released
     beta = 1 + 1 / (z + eps)
     if HAS_ROPE:
-        cos, _ = _load(cos_ptr, head_dims, rows, cols, num_tokens, head_dims)
-        sin, _ = _load(sin_ptr, head_dims, rows, cols, num_tokens, head_dims)
+        cos, sin = _load_tables(cos_ptr, sin_ptr, rows, cols, num_tokens, head_dims)
         phi_q = rotate(phi_q, cos, sin, BLOCK_N, BLOCK_D)
     y = (beta * (scale / num_tokens))[:, None] * tl.dot(phi_q, kv, input_precision='ieee')
     y -= z[:, None] * (v_sum / num_tokens)[None, :]
@@ -168,8 +174,7 @@ def _query_grad_kernel(q_ptr, grad_ptr, state_ptr, cos_ptr, sin_ptr, dq_ptr, par
         inverse = 1 / (z + eps)
         rotated_q = phi_q
         if HAS_ROPE:
-            cos, _ = _load(cos_ptr, head_dims, rows, cols, num_tokens, head_dims)
-            sin, _ = _load(sin_ptr, head_dims, rows, cols, num_tokens, head_dims)
+            cos, sin = _load_tables(cos_ptr, sin_ptr, rows, cols, num_tokens, head_dims)
             rotated_q = rotate(phi_q, cos, sin, BLOCK_N, BLOCK_D)
         product = tl.dot(rotated_q, kv, input_precision='ieee')                       # R(phi(q)) KV
         d_product = (kv_scale * (1 + inverse))[:, None] * grad
@@ -205,8 +210,7 @@ def _key_value_grad_kernel(k_ptr, v_ptr, d_state_ptr, cos_ptr, sin_ptr, dk_ptr, 
     v, _ = _load(v_ptr + batch * stride_vb + head * stride_vh, stride_vn, rows, cols, num_tokens, head_dims)
     rotated_k = _phi(k, valid)
     if HAS_ROPE:
-        cos, _ = _load(cos_ptr, head_dims, rows, cols, num_tokens, head_dims)
-        sin, _ = _load(sin_ptr, head_dims, rows, cols, num_tokens, head_dims)
+        cos, sin = _load_tables(cos_ptr, sin_ptr, rows, cols, num_tokens, head_dims)
         rotated_k = rotate(rotated_k, cos, sin, BLOCK_N, BLOCK_D)
     d_rotated_k = tl.dot(v, tl.trans(d_kv), input_precision='ieee')
     dv = tl.dot(rotated_k, d_kv, input_precision='ieee') + (d_v_mean / num_tokens)[None, :]
