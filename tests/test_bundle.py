@@ -17,8 +17,10 @@ from mala_tools.errors import ToolError
 from mala_tools.bundle import bundle_packages, installed_closure, make_bundle, marker_environment, python_tag
 
 INSTALL_SH = os.path.join(ROOT, 'tools', 'bundle_install.sh')
-# every phase of the quick check but the compiled backbone's, which test_compile.py checks with this torch
-PHASES = ('install', 'fidelity', 'attention', 'backbone', 'dense')
+# every phase of the quick check but the compiled backbone's, which test_compile.py checks with this torch; the
+# kernels launched are counted on CUDA only
+PHASES = ('install', 'fidelity', 'attention', 'backbone', 'launches', 'dense')
+CUDA_ONLY_PHASES = ('launches',)
 # the suite's bounds on the release fixture (tests/test_backbone.py, BACKBONE of tests/test_mixed_precision.py)
 FP32_MAX_ABS_ERROR = 1e-4
 RELATIVE_BOUNDS = {'bf16 autocast': 12 * torch.finfo(torch.bfloat16).eps,
@@ -60,6 +62,18 @@ def test_the_bundle_goes_into_an_empty_folder(tmp_path):
     (tmp_path / 'something').write_text('')
     with pytest.raises(ToolError, match='is not empty'):
         make_bundle(str(tmp_path), THIS_PYTHON)
+
+
+@pytest.mark.parametrize('name, message', [
+    ('mmcv-2.1.0-cp311-cp311-linux_x86_64.whl', 'not an mmcv 2.1.0 wheel for Python 3.12'),
+    ('mmcv-2.2.0-cp312-cp312-linux_x86_64.whl', 'not an mmcv 2.1.0 wheel for Python 3.12'),
+    ('mmcv-2.1.0.tar.gz', 'not an mmcv 2.1.0 wheel for Python 3.12')])
+def test_a_prebuilt_mmcv_must_fit_the_bundles_python(tmp_path, name, message):
+    (tmp_path / name).write_text('')
+    with pytest.raises(ToolError, match=message):
+        make_bundle(str(tmp_path / 'bundle'), '3.12', mmcv_wheel=str(tmp_path / name))
+    with pytest.raises(ToolError, match='no such file'):
+        make_bundle(str(tmp_path / 'bundle'), '3.12', mmcv_wheel=str(tmp_path / 'mmcv-2.1.0-cp312-cp312-linux_x86_64.whl'))
 
 
 def fake_bundle(folder, python=THIS_PYTHON, left_out=()):
@@ -137,8 +151,12 @@ def test_bundle_installs_offline_into_a_fresh_torch_environment_and_the_quick_ch
     torch is the same before and after; every phase wrote its table, all numbers finite, the fixture within
     bounds."""
     bundle, venv, results = tmp_path / 'bundle', tmp_path / 'venv', tmp_path / 'results'
+    # the bundle carries the prebuilt mmcv this environment was set up with, as a GPU node's CUDA build would be
+    prebuilt, = [os.path.join(prebuilt_mmcv_dir(), name) for name in os.listdir(prebuilt_mmcv_dir())
+                 if name.startswith('mmcv-2.1.0-cp311-')]
     made = subprocess.run([sys.executable, os.path.join(ROOT, 'tools', 'make_bundle.py'), '--python', '3.11',
-                           '--out', str(bundle)], capture_output=True, text=True, timeout=600)
+                           '--out', str(bundle), '--mmcv-wheel', prebuilt], capture_output=True, text=True,
+                          timeout=600)
     assert made.returncode == 0, made.stderr
     subprocess.run([shutil.which('python3.11'), '-m', 'venv', str(venv)], check=True, timeout=120)
     python = str(venv / 'bin' / 'python')
@@ -146,7 +164,8 @@ def test_bundle_installs_offline_into_a_fresh_torch_environment_and_the_quick_ch
                    timeout=600)
     torch_before = torch_freeze(python)
     env = {key: value for key, value in os.environ.items() if not key.startswith('PIP_')}
-    env.update(PIP_CONFIG_FILE=os.devnull, MMCV_WHEEL_DIR=prebuilt_mmcv_dir(), CUDA_VISIBLE_DEVICES='')
+    env = {key: value for key, value in env.items() if key != 'MMCV_WHEEL_DIR'}
+    env.update(PIP_CONFIG_FILE=os.devnull, CUDA_VISIBLE_DEVICES='')
     installed = subprocess.run(offline(['bash', str(bundle / 'install.sh'), '--python', python, '--check',
                                         '--quick', '--skip', 'compile', '--out', str(results)]),
                                env=env, capture_output=True, text=True, timeout=900)
@@ -155,14 +174,18 @@ def test_bundle_installs_offline_into_a_fresh_torch_environment_and_the_quick_ch
 
     summary = json.loads((results / 'summary.json').read_text())['rows']
     assert [row['phase'] for row in summary[1:]] == list(PHASES)
-    for phase in PHASES:
+    for phase in CUDA_ONLY_PHASES:
+        assert json.loads((results / f'{phase}.json').read_text())['rows'] == [
+            dict(note='not measured: CUDA kernels only')]
+    for phase in (phase for phase in PHASES if phase not in CUDA_ONLY_PHASES):
         rows = json.loads((results / f'{phase}.json').read_text())['rows']
         assert rows and (results / f'{phase}.md').is_file()
         numbers = [value for row in rows for value in row.values()
                    if isinstance(value, (int, float)) and not isinstance(value, bool)]
         assert numbers and all(math.isfinite(value) for value in numbers), (phase, rows)
     record = json.loads((results / 'install.json').read_text())['rows'][0]
-    assert record['mmcv'].startswith('wheel directory') and record['torch'] == torch.__version__
+    assert record['mmcv'] == f'wheel directory {bundle}/mmcv/{os.path.basename(prebuilt)}'
+    assert record['torch'] == torch.__version__
     for row in json.loads((results / 'fidelity.json').read_text())['rows']:
         if row['precision'] in ('fp32', 'tf32'):  # TF32 is CUDA's: on CPU it is fp32
             assert row['max_abs_error'] < FP32_MAX_ABS_ERROR, row

@@ -3,7 +3,8 @@
 # Python environment that has torch: the active interpreter's (or --python's) environment, or a --target folder.
 # torch is never installed, upgraded or replaced. mmcv is built from the bundle's source against that torch by
 # tools/setup_env.sh's functions: with the CUDA ops for the visible GPUs (or TORCH_CUDA_ARCH_LIST) on every core,
-# with the CPU ops only under --cpu-ops; a prebuilt wheel in MMCV_WHEEL_DIR skips the build.
+# with the CPU ops only under --cpu-ops; a prebuilt wheel (the bundle's mmcv/, or MMCV_WHEEL_DIR) skips the build
+# where it works with that torch.
 #
 #   bash BUNDLE/install.sh [--python PY] [--target DIR] [--cpu-ops] [--record FILE] [--check [GPU_CHECK_ARGS ...]]
 #
@@ -29,7 +30,7 @@ while (( $# )); do
             shift 2 ;;
         --cpu-ops) ops=cpu; shift ;;
         --check) check=1; shift; break ;;
-        -h|--help) sed -n '2,16p' "${BASH_SOURCE[0]}" | cut -c3-; exit 0 ;;
+        -h|--help) sed -n '2,17p' "${BASH_SOURCE[0]}" | cut -c3-; exit 0 ;;
         *) die "unknown argument '$1' (bash $0 --help lists them)" ;;
     esac
 done
@@ -45,6 +46,10 @@ command -v "$python_arg" > /dev/null || die "--python $python_arg: no such inter
 # PIP_TARGET into the target folder, from the bundle alone
 source "$BUNDLE/source/tools/setup_env.sh"
 PY="$(command -v "$python_arg")"
+# a prebuilt mmcv the bundle carries (make_bundle.py --mmcv-wheel), unless MMCV_WHEEL_DIR names another
+if [[ -z "${MMCV_WHEEL_DIR:-}" && -d "$BUNDLE/mmcv" ]]; then
+    export MMCV_WHEEL_DIR="$BUNDLE/mmcv"
+fi
 export PIP_NO_INDEX=1 PIP_FIND_LINKS="$BUNDLE/wheels" PIP_DISABLE_PIP_VERSION_CHECK=1
 if [[ -n "$target" ]]; then
     mkdir -p "$target"

@@ -7,6 +7,8 @@ bundle pins. On the offline machine, in an environment that has torch: ``bash BU
 Examples:
     python tools/make_bundle.py --python 3.12 --out mala_mm_bundle_cp312
     python tools/make_bundle.py --python 3.12 --out mala_mm_bundle_cp312 --leave-out numpy scipy opencv-python
+    # with mmcv prebuilt for the node (its CUDA ops built without a GPU: docs/offline_gpu_check.md)
+    python tools/make_bundle.py --python 3.12 --out mala_mm_bundle_cp312 --mmcv-wheel mmcv-2.1.0-cp312-cp312-linux_x86_64.whl
 """
 import argparse
 
@@ -23,11 +25,15 @@ def main():
     parser.add_argument('--leave-out', nargs='+', default=[], metavar='PACKAGE',
                         help='packages the offline environment already has (e.g. numpy scipy opencv-python); '
                              'the install stops, naming them, where it lacks one')
+    parser.add_argument('--mmcv-wheel', metavar='WHEEL',
+                        help="a prebuilt mmcv wheel for the node's torch and Python, which the install takes "
+                             'instead of building mmcv (minutes to hours) where it works there')
     args = parser.parse_args()
-    manifest = make_bundle(args.out, args.python, args.platform, args.leave_out)
+    manifest = make_bundle(args.out, args.python, args.platform, args.leave_out, args.mmcv_wheel)
     left_out = ', '.join(manifest['left_out']) or 'nothing'
-    print(f"{args.out}: {len(manifest['bundled'])} packages, mmcv {manifest['mmcv']}'s source and mala_mm for "
-          f"Python {args.python}, {folder_mib(args.out):.1f} MiB; left out: {left_out}")
+    prebuilt = f" and {manifest['mmcv_wheel']}" if manifest['mmcv_wheel'] else ''
+    print(f"{args.out}: {len(manifest['bundled'])} packages, mmcv {manifest['mmcv']}'s source{prebuilt} and mala_mm "
+          f"for Python {args.python}, {folder_mib(args.out):.1f} MiB; left out: {left_out}")
 
 
 if __name__ == '__main__':

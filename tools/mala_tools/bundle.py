@@ -9,6 +9,9 @@ The bundle is one folder, made where PyPI is reachable, for one Python version a
                             (it has no wheels: it is built on the node against the node's torch) and mala_mm's wheel
     BUNDLE/source/          this repository's tracked files: configs, benchmarks (gpu_check.py), the test
                             fixture, and tools/setup_env.sh, whose functions build mmcv
+    BUNDLE/mmcv/            with ``mmcv_wheel``: a prebuilt mmcv wheel for the node's torch and Python (a CUDA
+                            build made without a GPU by tools/setup_env.sh), which the install takes instead of
+                            building mmcv, where it works there
 
 Packages that torch brings itself (filelock, sympy, jinja2, ...) are not bundled: the node's torch environment has
 them. Packages named in ``leave_out`` (e.g. numpy, scipy, opencv-python, which a torch environment often has) are
@@ -156,12 +159,25 @@ def folder_mib(folder: str) -> float:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(folder) for f in files) / 2**20
 
 
+def check_mmcv_wheel(path: str, python: str) -> str:
+    """``path`` if it is an mmcv MMCV_VERSION wheel for CPython ``python`` on Linux x86_64, else a ToolError."""
+    name = os.path.basename(path)
+    tag = python_tag(python)
+    if not os.path.isfile(path):
+        raise ToolError(f'--mmcv-wheel {path}: no such file')
+    if not re.fullmatch(rf'mmcv-{re.escape(MMCV_VERSION)}-cp{tag}-cp{tag}-linux_x86_64\.whl', name):
+        raise ToolError(f'--mmcv-wheel {path}: not an mmcv {MMCV_VERSION} wheel for Python {python} on Linux '
+                        f'x86_64 (mmcv-{MMCV_VERSION}-cp{tag}-cp{tag}-linux_x86_64.whl)')
+    return path
+
+
 def make_bundle(out: str, python: str, platforms: Sequence[str] = DEFAULT_PLATFORMS,
-                leave_out: Sequence[str] = ()) -> dict:
+                leave_out: Sequence[str] = (), mmcv_wheel: str = None) -> dict:
     """Make the bundle in the new or empty folder ``out`` (layout in the module's docstring); returns its
-    manifest. Needs PyPI (wheels, mmcv's sdist) and this environment's torch (pip runs mmcv's setup.py to read
-    its metadata, and that imports torch)."""
+    manifest. Needs PyPI (wheels, mmcv's sdist) and this environment's torch (pip runs mala_mm's setup.py)."""
     python_tag(python)
+    if mmcv_wheel is not None:
+        check_mmcv_wheel(mmcv_wheel, python)
     if os.path.exists(out) and os.listdir(out):
         raise ToolError(f'{out} is not empty; the bundle goes into a new or empty folder')
     packages = bundle_packages(python, leave_out)
@@ -169,9 +185,12 @@ def make_bundle(out: str, python: str, platforms: Sequence[str] = DEFAULT_PLATFO
     os.makedirs(wheels, exist_ok=True)
     env = pip_environment()
     _run(download_command(packages['bundled'], python, platforms, wheels), 'downloading the wheels from PyPI', env)
-    _run([sys.executable, '-m', 'pip', 'download', '--disable-pip-version-check', '--quiet', '--no-deps',
-          '--no-binary', 'mmcv', '--no-build-isolation', '--dest', wheels, f'mmcv=={MMCV_VERSION}'],
+    # not through pip download, which would run mmcv's setup.py, unpatched (tools/mala_tools/sdist.py)
+    _run([sys.executable, os.path.join(os.path.dirname(__file__), 'sdist.py'), 'mmcv', MMCV_VERSION, wheels],
          "downloading mmcv's source from PyPI", env)
+    if mmcv_wheel is not None:
+        os.makedirs(os.path.join(out, 'mmcv'))
+        shutil.copy2(mmcv_wheel, os.path.join(out, 'mmcv'))
     source = os.path.join(out, 'source')
     copy_source(source)
     _run([sys.executable, '-m', 'pip', 'wheel', '--disable-pip-version-check', '--quiet', '--no-deps',
@@ -179,7 +198,8 @@ def make_bundle(out: str, python: str, platforms: Sequence[str] = DEFAULT_PLATFO
     for leftover in ('build', 'mala_mm.egg-info'):  # the wheel build's, in the copy
         shutil.rmtree(os.path.join(source, leftover), ignore_errors=True)
     shutil.copy2(os.path.join(ROOT, 'tools', 'bundle_install.sh'), os.path.join(out, 'install.sh'))
-    manifest = dict(python=python, platforms=list(platforms), mmcv=MMCV_VERSION, roots=list(ROOTS), **packages)
+    manifest = dict(python=python, platforms=list(platforms), mmcv=MMCV_VERSION, roots=list(ROOTS), **packages,
+                    mmcv_wheel=None if mmcv_wheel is None else os.path.basename(mmcv_wheel))
     with open(os.path.join(out, 'bundle.json'), 'w') as f:
         json.dump(manifest, f, indent=1)
     return manifest
