@@ -264,25 +264,40 @@ def _unit_stride(t: Tensor) -> Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+class _Plan:
+    """How the kernels of one call split (B, h, N, d) features: tiles, chunks, grids and launch options."""
+
+    def __init__(self, q: Tensor, cos: Optional[Tensor], sin: Optional[Tensor]):
+        batch, self.heads, self.num_tokens, self.head_dims = q.shape
+        self.scale = self.head_dims ** -0.5
+        block_n, self.block_d, launch = _tiles(self.head_dims)
+        self.batch_heads = batch * self.heads
+        self.chunk_tokens, self.num_chunks = _chunks(self.num_tokens, self.batch_heads, block_n)
+        self.chunk_grid = (self.num_chunks, self.batch_heads)
+        self.tile_grid = (triton.cdiv(self.num_tokens, block_n), self.batch_heads)
+        self.rope = (cos.contiguous(), sin.contiguous()) if cos is not None else (q, q)  # unread without RoPE
+        self.options = dict(HAS_ROPE=cos is not None, BLOCK_N=block_n, BLOCK_D=self.block_d, **launch)
+        self._like = q
+
+    def partial_states(self) -> Tensor:
+        """Room for each chunk's (d + 2) x d fp32 state."""
+        return self._like.new_empty((self.batch_heads, self.num_chunks, self.block_d + 2, self.block_d),
+                                    dtype=torch.float32)
+
+
 class _FusedMALAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, cos: Optional[Tensor], sin: Optional[Tensor], eps: float):
         q, k, v = (_unit_stride(t) for t in (q, k, v))
-        batch, heads, num_tokens, head_dims = q.shape
-        block_n, block_d, launch = _tiles(head_dims)
-        chunk_tokens, num_chunks = _chunks(num_tokens, batch * heads, block_n)
-        rope = (cos.contiguous(), sin.contiguous()) if cos is not None else (q, q)  # unread without RoPE
-        common = dict(HAS_ROPE=cos is not None, BLOCK_N=block_n, BLOCK_D=block_d, **launch)
-
-        partial = q.new_empty((batch * heads, num_chunks, block_d + 2, block_d), dtype=torch.float32)
-        _state_kernel[(num_chunks, batch * heads)](
-            k, v, *rope, partial, *_strides(k), *_strides(v), heads, num_tokens, head_dims, chunk_tokens, **common)
+        plan = _Plan(q, cos, sin)
+        partial = plan.partial_states()
+        _state_kernel[plan.chunk_grid](k, v, *plan.rope, partial, *_strides(k), *_strides(v), plan.heads,
+                                       plan.num_tokens, plan.head_dims, plan.chunk_tokens, **plan.options)
         state = partial.sum(1)
         out = heads_of_channels_last_map(v)
-        _output_kernel[(triton.cdiv(num_tokens, block_n), batch * heads)](
-            q, state, *rope, out, *_strides(q), *_strides(out), heads, num_tokens, head_dims, head_dims ** -0.5,
-            eps, **common)
+        _output_kernel[plan.tile_grid](q, state, *plan.rope, out, *_strides(q), *_strides(out), plan.heads,
+                                       plan.num_tokens, plan.head_dims, plan.scale, eps, **plan.options)
         ctx.save_for_backward(q, k, v, cos, sin, state)
         ctx.eps = eps
         return out
@@ -291,20 +306,15 @@ class _FusedMALAttention(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         q, k, v, cos, sin, state = ctx.saved_tensors
         grad = _unit_stride(grad)
-        batch, heads, num_tokens, head_dims = q.shape
-        block_n, block_d, launch = _tiles(head_dims)
-        chunk_tokens, num_chunks = _chunks(num_tokens, batch * heads, block_n)
-        rope = (cos.contiguous(), sin.contiguous()) if cos is not None else (q, q)
-        common = dict(HAS_ROPE=cos is not None, BLOCK_N=block_n, BLOCK_D=block_d, **launch)
-
+        plan = _Plan(q, cos, sin)
         dq, dk, dv = (heads_of_channels_last_map(t) for t in (q, k, v))
-        partial = q.new_empty((batch * heads, num_chunks, block_d + 2, block_d), dtype=torch.float32)
-        _query_grad_kernel[(num_chunks, batch * heads)](
-            q, grad, state, *rope, dq, partial, *_strides(q), *_strides(grad), *_strides(dq), heads, num_tokens,
-            head_dims, chunk_tokens, head_dims ** -0.5, ctx.eps, **common)
-        _key_value_grad_kernel[(triton.cdiv(num_tokens, block_n), batch * heads)](
-            k, v, partial.sum(1), *rope, dk, dv, *_strides(k), *_strides(v), *_strides(dk), *_strides(dv), heads,
-            num_tokens, head_dims, **common)
+        partial = plan.partial_states()
+        _query_grad_kernel[plan.chunk_grid](
+            q, grad, state, *plan.rope, dq, partial, *_strides(q), *_strides(grad), *_strides(dq), plan.heads,
+            plan.num_tokens, plan.head_dims, plan.chunk_tokens, plan.scale, ctx.eps, **plan.options)
+        _key_value_grad_kernel[plan.tile_grid](
+            k, v, partial.sum(1), *plan.rope, dk, dv, *_strides(k), *_strides(v), *_strides(dk), *_strides(dv),
+            plan.heads, plan.num_tokens, plan.head_dims, **plan.options)
         return dq, dk, dv, None, None, None
 
 
