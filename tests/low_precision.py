@@ -26,8 +26,9 @@ try:
 except ImportError:
     mala_triton = None
 TRITON_DEVICE = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
-ATTENTION_IMPLS = ['torch', pytest.param('triton', marks=pytest.mark.skipif(
-    mala_triton is None, reason='Triton is not installed (the tests extra installs it)'))]
+IMPL_MARKS = {'triton': pytest.mark.skipif(mala_triton is None,
+                                           reason='Triton is not installed (the tests extra installs it)')}
+ATTENTION_IMPLS = [pytest.param(name, marks=IMPL_MARKS.get(name, ())) for name in ('torch', 'triton')]
 
 
 def attention_impl(name: str):

@@ -406,9 +406,7 @@ def test_mmcv_works_runs_the_compiled_nms():
 def test_the_tools_refuse_cpu_on_a_machine_with_gpus(tmp_path, tool):
     args = [tool, DET_CONFIG] + (['missing.pth'] if tool == 'test.py' else [])
     smi = fake_nvidia_smi(tmp_path / 'nvidia-smi', gpus=4)
-    # processes of their own: torch hides a GPU host's GPUs (CUDA_VISIBLE_DEVICES='') only from a process that has
-    # not asked for them yet, and this one may have
-    refused = run_tool(args, tmp_path, MALA_MM_ALLOW_CPU='', MALA_MM_NVIDIA_SMI=smi)
+    refused = call_tool(args, tmp_path, MALA_MM_ALLOW_CPU='', MALA_MM_NVIDIA_SMI=smi)
     assert refused.returncode == 2
     error, = refused.stderr.splitlines()
     assert re.fullmatch(r'error: \S+ has 4 NVIDIA GPUs, but torch \S+ (is built without CUDA|\(CUDA [0-9.]+\) '
@@ -416,7 +414,7 @@ def test_the_tools_refuse_cpu_on_a_machine_with_gpus(tmp_path, tool):
                         r'\(docs/get_started.md#which-torch-for-which-driver\), or set MALA_MM_ALLOW_CPU=1 to run '
                         r'on CPU anyway', error), error
     # a node's other processes stop as well, silently: its first process speaks for the node
-    quiet = run_tool(args, tmp_path, MALA_MM_ALLOW_CPU='', MALA_MM_NVIDIA_SMI=smi, LOCAL_RANK='1')
+    quiet = call_tool(args, tmp_path, MALA_MM_ALLOW_CPU='', MALA_MM_NVIDIA_SMI=smi, LOCAL_RANK='1')
     assert (quiet.returncode, quiet.stderr) == (2, '')
     # past the check with the opt-in, or where the machine has no GPU: the next check refuses the missing data
     for env in (dict(MALA_MM_ALLOW_CPU='1', MALA_MM_NVIDIA_SMI=smi),
