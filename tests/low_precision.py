@@ -1,4 +1,5 @@
-"""The low precisions that the mixed-precision tests run under CPU autocast, as test parameters."""
+"""The low precisions that the mixed-precision tests run under CPU autocast, and MALA attention's implementations,
+as test parameters."""
 import pytest
 import torch
 
