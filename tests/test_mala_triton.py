@@ -112,3 +112,25 @@ def test_bad_attn_impl_is_refused_at_construction():
         MALA(attn_impl='cuda')
     with pytest.raises(TypeError, match='fp32, bf16 or fp16'):
         uses_triton('triton', torch.zeros(1, 1, 2, 4, dtype=torch.float64, device=TRITON_DEVICE))
+
+
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16, torch.float16])
+def test_rotate_pair_is_apply_rope_on_q_and_k_with_its_gradient(dtype):
+    from mala_mm.models.layers import apply_rope, rope_triton
+    torch.manual_seed(0)
+    # strided views, as the fused skeleton hands them over: the heads of one conv's channel slices
+    qk = torch.randn(2, 2 * 24, 5, 7, device=TRITON_DEVICE, dtype=dtype).contiguous(memory_format=torch.channels_last)
+    q, k = (t.permute(0, 2, 3, 1).reshape(2, 35, 2, 12).transpose(1, 2) for t in qk.chunk(2, dim=1))
+    q, k = q.detach().requires_grad_(), k.detach().requires_grad_()
+    tables = RoPE2d(12).to(TRITON_DEVICE).tables(5, 7, dtype)
+    ours = rope_triton.rotate_pair(q, k, tables)
+    grads = [torch.randn_like(t) for t in ours]
+    torch.autograd.backward(ours, grads)
+    ours_grads = [q.grad, k.grad]
+    q.grad = k.grad = None
+    expected = [apply_rope(t, tables) for t in (q, k)]
+    torch.autograd.backward(expected, grads)
+    tolerance = dict(rtol=torch.finfo(dtype).eps, atol=torch.finfo(dtype).eps)  # one rounding to dtype apart
+    for a, b in zip([*ours, *ours_grads], [*expected, q.grad, k.grad]):
+        assert a.dtype == dtype
+        torch.testing.assert_close(a, b, **tolerance)
