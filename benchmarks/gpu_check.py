@@ -69,6 +69,17 @@ def attn_impls(device) -> List[str]:
     return ['torch', 'triton'] if triton_runs else ['torch']
 
 
+def tiny_backbones(device) -> Dict[str, torch.nn.Module]:
+    """MALA-T with each attention implementation ``device`` runs, initialised as released, and mmdet's Swin-T; on
+    the CPU until moved."""
+    models = {}
+    for impl in attn_impls(device):
+        models[f'MALA-T {impl}'] = MALA(arch='tiny', attn_impl=impl)
+        models[f'MALA-T {impl}'].init_weights()
+    models['Swin-T'] = swin_tiny()
+    return models
+
+
 def fidelity(args, device) -> Table:
     """The release fixture in each precision against the release's outputs, with the suite's bound."""
     rows = [dict(attn_impl=impl, **row) for impl in attn_impls(device) for row in fixture_errors(device, impl)]
@@ -106,11 +117,7 @@ def attention(args, device) -> Table:
 def backbone(args, device) -> Table:
     """MALA-T, with each attention implementation, against mmdet's Swin-T: images/s and peak MiB, eval and train
     step, under each autocast dtype."""
-    models = {}
-    for impl in attn_impls(device):
-        models[f'MALA-T {impl}'] = MALA(arch='tiny', attn_impl=impl).to(device)
-        models[f'MALA-T {impl}'].init_weights()
-    models['Swin-T'] = swin_tiny().to(device)
+    models = {name: model.to(device) for name, model in tiny_backbones(device).items()}
     rows = []
     for size_name in (name for name in ('detection', 'segmentation') if name in SIZES[args.sizes]):
         height, width = SIZES[args.sizes][size_name]
@@ -138,8 +145,7 @@ def launches(args, device) -> Table:
         return [dict(note='not measured: CUDA kernels only')], ['note']
     from torch.profiler import ProfilerActivity, profile
     height, width = SIZES[args.sizes]['detection']
-    models = {f'MALA-T {impl}': MALA(arch='tiny', attn_impl=impl) for impl in attn_impls(device)}
-    models['Swin-T'] = swin_tiny()
+    models = tiny_backbones(device)
     x = torch.randn(1, 3, height, width, device=device)
     rows = []
     for name, model in models.items():

@@ -7,14 +7,14 @@ batch items and heads, and a chunked reduction (more tiles than one program take
 import pytest
 import torch
 
-from low_precision import ATTENTION_IMPLS, TRITON_DEVICE, attention_impl, mala_triton
+from low_precision import ATTENTION_IMPLS, IMPL_MARKS, TRITON_DEVICE, attention_impl, mala_triton
 from mala_mm import MALA
 from mala_mm.models import MALAConfigError
 from mala_mm.models.layers import MALAttention, QKVOProjection, RoPE2d, SoftmaxAttention, mala_attention
 from mala_mm.models.layers.attention import uses_triton
 from mala_tools.reference import relative_error
 
-pytestmark = pytest.mark.skipif(mala_triton is None, reason='Triton is not installed (the tests extra installs it)')
+pytestmark = IMPL_MARKS['triton']
 
 # (batch, heads, height, width, head width)
 SHAPES = [(2, 3, 5, 7, 8), (1, 2, 9, 11, 96), (2, 1, 12, 20, 64), (1, 1, 1, 1, 4), (1, 2, 40, 50, 12)]
