@@ -3,7 +3,6 @@ import contextlib
 import json
 import os
 import statistics
-import sys
 import time
 import weakref
 from typing import Callable, Dict, List, Optional
@@ -12,8 +11,6 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results')
-# the benchmarks build a config's model as the tools do (tools/mala_tools)
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'tools'))
 
 
 def device_name(device: torch.device) -> str:

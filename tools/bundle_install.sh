@@ -116,7 +116,7 @@ done <<< "$stand_ins"
 torch_before="$("$PY" -W ignore -c 'import torch; print(torch.__version__, torch.__file__)')"
 say "installing into ${target:-the environment of $PY} (torch ${torch_before%% *}, left as it is)"
 if [[ -n "$target" || -n "$stand_ins" ]]; then
-    pip_install $(ls "$BUNDLE"/wheels/*.whl | grep -v '/mala_mm-')
+    pip_install $(ls "$BUNDLE"/wheels/*.whl | grep -v '/mala_mm\(_tools\)\?-')
 else
     mapfile -t roots < <("$PY" -c 'import json, sys; print(*json.load(open(sys.argv[1]))["roots"], sep="\n")' \
                                 "$BUNDLE/bundle.json")
@@ -128,9 +128,10 @@ install_mmcv "$ops"
 mmcv_seconds=$(( SECONDS - started ))
 mmcv_from="already installed, working"
 [[ -f "$VENV/.mala_mm_mmcv_source" ]] && mmcv_from="$(cat "$VENV/.mala_mm_mmcv_source")"
-pip_install --no-deps "$BUNDLE"/wheels/mala_mm-*.whl
+pip_install --no-deps "$BUNDLE"/wheels/mala_mm-*.whl "$BUNDLE"/wheels/mala_mm_tools-*.whl
 
-"$PY" -c 'import mala_mm, mmdet, mmseg, mmcv.ops' || die "the installed stack does not import (above: why)"
+"$PY" -c 'import mala_mm, mala_tools, mmdet, mmseg, mmcv.ops' \
+    || die "the installed stack does not import (above: why)"
 [[ "$("$PY" -c 'import torch; print(torch.__version__, torch.__file__)')" == "$torch_before" ]] \
     || die "torch changed during the install (was $torch_before)"
 "$PY" - "$record" "$mmcv_from" "$mmcv_seconds" "${ops:-as the machine allows}" "${target:-}" <<'PYCODE'

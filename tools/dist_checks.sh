@@ -23,7 +23,8 @@ fi
 # One line on stderr: the interpreter, its torch and CUDA, and why it was chosen. Then stops (exit 2) when this
 # machine has NVIDIA GPUs that the chosen torch cannot use (a CPU build, or a CUDA build that sees none), since
 # the run would silently train on CPU; MALA_MM_ALLOW_CPU=1 runs it on CPU anyway. The check is the tools' own
-# (python -m mala_tools.device, tools/mala_tools/device.py), run by the chosen interpreter.
+# (python -m mala_tools.device, tools/mala_tools/device.py), run by the chosen interpreter, whose environment
+# has mala_tools installed beside mala_mm (tools/setup.py).
 # Sets TORCH_GPUS (GPUs the chosen torch can use) and CPU_CORES (cores this process may run on), for the
 # launchers' own checks. Importing torch takes seconds, so it is the only Python call the checks make.
 check_interpreter() {
@@ -34,8 +35,7 @@ check_interpreter() {
         exit 2
     fi
     messages="$(mktemp)"
-    facts="$(PYTHONPATH="$(dirname "${BASH_SOURCE[0]}")${PYTHONPATH:+:$PYTHONPATH}" \
-             "$PYTHON" -m mala_tools.device "$shown" "$PYTHON_CHOSEN_BY" 2>"$messages")" || status=$?
+    facts="$("$PYTHON" -m mala_tools.device "$shown" "$PYTHON_CHOSEN_BY" 2>"$messages")" || status=$?
     if (( status != 0 && status != 2 )); then
         echo "error: $shown (chosen by $PYTHON_CHOSEN_BY) cannot run the launch check: $(tail -n 1 "$messages");" \
              "activate the environment that has the stack (docs/get_started.md) or set PYTHON to its python" >&2

@@ -36,7 +36,7 @@ log() { printf '[setup_env] %s\n' "$*" >&2; }
 # install pass.
 stamp_inputs() {
     printf '%s\n' "$TORCH_SPEC" "$MMCV_VERSION" "${TORCH_CUDA_ARCH_LIST:-}"
-    cat "$ROOT/setup.py" "$ROOT/tools/setup_env.sh"
+    cat "$ROOT/setup.py" "$ROOT/tools/setup.py" "$ROOT/tools/setup_env.sh"
 }
 
 pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
@@ -347,7 +347,8 @@ main() {
     pip_install "setuptools>=77.0.3,<82" wheel ninja numpy
     pip_install "$TORCH_SPEC"
     install_mmcv
-    pip_install -e "$ROOT[tests,deploy]"
+    # the plugin, and beside it the code its tools, benchmarks and tests share (tools/setup.py)
+    pip_install -e "$ROOT[tests,deploy]" -e "$ROOT/tools"
     echo "$want_stamp" > "$stamp"
     log "ready: $VENV"
 }

@@ -18,7 +18,6 @@ Example:
 """
 import argparse
 import os
-import sys
 from typing import Dict, Optional, Sequence
 
 import cv2
@@ -26,8 +25,6 @@ import matplotlib
 import matplotlib.ticker
 
 matplotlib.use('Agg')
-# the tools' shared package, tools/mala_tools (a script's own folder, here tools/analysis, is the one on sys.path)
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

@@ -5,7 +5,9 @@ config changes that fit a run to the machine (printed, and in the dumped config)
 the machine has GPUs, the offline bundle and the README's model-zoo tables; for development, FLOP counts and
 what attention attends to (``analysis``) and the spec's MALA written out, the tests' oracle (``reference``).
 
-A tool run as ``python tools/NAME.py`` finds this package because Python puts the script's folder first on
-``sys.path``; the tests have ``tools`` on theirs (pytest.ini). Importing the package imports nothing: each tool
-imports the modules it uses, and the launchers' interpreter check (``python -m mala_tools.device``) only torch.
+It is a distribution of its own (tools/setup.py), so that the installed plugin stays the plugin alone:
+tools/setup_env.sh installs it in editable mode beside mala_mm, and the benchmarks, the tests and the launchers'
+interpreter check (``python -m mala_tools.device``) import it from there; a tool run as ``python tools/NAME.py``
+finds the same files from its own folder. Importing the package imports nothing: each tool imports the modules it
+uses, the launchers' check only torch.
 """

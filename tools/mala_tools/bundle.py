@@ -6,7 +6,8 @@ The bundle is one folder, made where PyPI is reachable, for one Python version a
     BUNDLE/bundle.json      the manifest: Python, platforms, the packages bundled and those left out
     BUNDLE/wheels/          binary wheels of mmengine, mmdet, mmsegmentation and their dependencies, pinned to the
                             versions of the environment the bundle is made from (the tested .venv), mmcv's sdist
-                            (it has no wheels: it is built on the node against the node's torch) and mala_mm's wheel
+                            (it has no wheels: it is built on the node against the node's torch), and the wheels of
+                            mala_mm and of its tools' mala_tools (tools/setup.py)
     BUNDLE/source/          this repository's tracked files: configs, benchmarks (gpu_check.py), the test
                             fixture, and tools/setup_env.sh, whose functions build mmcv
     BUNDLE/mmcv/            with ``mmcv_wheel``: a prebuilt mmcv wheel for the node's torch and Python (a CUDA
@@ -193,10 +194,11 @@ def make_bundle(out: str, python: str, platforms: Sequence[str] = DEFAULT_PLATFO
         shutil.copy2(mmcv_wheel, os.path.join(out, 'mmcv'))
     source = os.path.join(out, 'source')
     copy_source(source)
-    _run([sys.executable, '-m', 'pip', 'wheel', '--disable-pip-version-check', '--quiet', '--no-deps',
-          '--no-build-isolation', '--wheel-dir', wheels, source], "building mala_mm's wheel")
-    for leftover in ('build', 'mala_mm.egg-info'):  # the wheel build's, in the copy
-        shutil.rmtree(os.path.join(source, leftover), ignore_errors=True)
+    for project, name in ((source, 'mala_mm'), (os.path.join(source, 'tools'), 'mala_mm_tools')):
+        _run([sys.executable, '-m', 'pip', 'wheel', '--disable-pip-version-check', '--quiet', '--no-deps',
+              '--no-build-isolation', '--wheel-dir', wheels, project], f"building {name}'s wheel")
+        for leftover in ('build', f'{name}.egg-info'):  # the wheel build's, in the copy
+            shutil.rmtree(os.path.join(project, leftover), ignore_errors=True)
     shutil.copy2(os.path.join(ROOT, 'tools', 'bundle_install.sh'), os.path.join(out, 'install.sh'))
     manifest = dict(python=python, platforms=list(platforms), mmcv=MMCV_VERSION, roots=list(ROOTS), **packages,
                     mmcv_wheel=None if mmcv_wheel is None else os.path.basename(mmcv_wheel))
