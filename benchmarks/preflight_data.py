@@ -15,12 +15,11 @@ import time
 import torch
 
 from common import markdown_table, write_results
-from mala_tools.config import config_errors, read_config
-from mala_tools.head_classes import head_class_problems
-from mala_tools.preflight import data_problems, missing_weight_files
-
-from mala_mm.datasets import empty_data_files
-from mala_mm.datasets.paths import EMPTY_SCAN_LIMIT
+from mala_tools.checks.config_keys import config_errors
+from mala_tools.checks.data_paths import EMPTY_SCAN_LIMIT, empty_data_files
+from mala_tools.checks.head_classes import head_class_problems
+from mala_tools.checks.preflight import data_problems, missing_weight_files
+from mala_tools.config import read_config
 
 CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                       'configs/detection/mask_rcnn_mala_t.py')

@@ -7,7 +7,7 @@ import pytest
 from mmengine.config import Config
 
 from conftest import ROOT, call_tool, load_config
-from mala_tools import config_check
+from mala_tools.checks import config_keys
 
 CONFIG_ROOT = Path(ROOT) / 'configs'
 DET_CONFIG = str(CONFIG_ROOT / 'detection/mask_rcnn_mala_t_builtin.py')
@@ -41,7 +41,7 @@ def _all_configs():
 
 @pytest.mark.parametrize('path, scope', list(_all_configs()))
 def test_shipped_configs_pass(path, scope):
-    assert config_check.config_problems(load_config(path), scope) == []
+    assert config_keys.config_problems(load_config(path), scope) == []
 
 
 @pytest.mark.parametrize('option, message', [
@@ -60,7 +60,7 @@ def test_misspelt_key_stops_the_tool(option, message, tmp_path):
 def _problems(**options):
     cfg = load_config(DET_CONFIG)
     cfg.merge_from_dict(options)
-    return config_check.config_problems(cfg)
+    return config_keys.config_problems(cfg)
 
 
 def test_keys_that_builders_take_out_are_accepted():
@@ -75,7 +75,7 @@ def test_keys_that_builders_take_out_are_accepted():
 def test_typeless_train_loop_is_checked_as_the_runner_builds_it():
     cfg = load_config(DET_CONFIG)
     cfg.train_cfg = dict(by_epoch=False, max_iters=10, val_intervl=5)
-    assert config_check.config_problems(cfg) == [
+    assert config_keys.config_problems(cfg) == [
         "train_cfg: IterBasedTrainLoop has no argument 'val_intervl'; did you mean 'val_interval'?"]
 
 
@@ -87,7 +87,7 @@ def test_without_a_close_key_the_valid_ones_are_listed():
 def _typos(**options):
     cfg = load_config(DET_CONFIG)
     cfg.merge_from_dict(options)
-    return config_check.top_level_typos(cfg)
+    return config_keys.top_level_typos(cfg)
 
 
 def test_intermediate_variables_are_not_top_level_typos():

@@ -7,8 +7,8 @@ import shutil
 import pytest
 
 from conftest import BUILTIN_CONFIGS, CONFIG_ROOT, LEAF_CONFIGS, call_tool, load_config
-from mala_tools.head_classes import head_class_problems
-from mala_mm.datasets import DatasetNotFoundError, check_data_paths
+from mala_tools.checks.data_paths import DatasetNotFoundError, check_data_paths
+from mala_tools.checks.head_classes import head_class_problems
 
 ALL_LOADERS = ('train_dataloader', 'val_dataloader', 'test_dataloader')
 FIVE = ['ant', 'bee', 'cicada', 'dragonfly', 'earwig']

@@ -9,9 +9,8 @@ import time
 
 from mmengine.config import DictAction
 
-from mala_mm.datasets import (DatasetNotFoundError, EmptyDataFileError, check_data_paths, split_image_paths,
-                              undecodable_images)
-
+from mala_tools.checks.data_paths import DatasetNotFoundError, EmptyDataFileError, check_data_paths
+from mala_tools.checks.images import split_image_paths, undecodable_images
 from mala_tools.config import read_config
 from mala_tools.errors import fail, tool_main
 

@@ -7,13 +7,14 @@ import argparse
 
 import torch
 
-from mala_tools.config import add_common_args, config_errors, load_config, warn_about_config
+from mala_tools.checks.config_keys import config_errors, warn_about_config
+from mala_tools.checks.head_classes import head_class_problems
+from mala_tools.checks.preflight import data_problems, missing_weight_files, preflight
+from mala_tools.config import add_common_args, load_config
 from mala_tools.device import require_gpus_where_the_machine_has_them
 from mala_tools.distributed import setup_distributed
 from mala_tools.errors import tool_main
-from mala_tools.head_classes import head_class_problems
 from mala_tools.machine_fit import fit_optim_wrapper_to_device, report_changes
-from mala_tools.preflight import data_problems, missing_weight_files, preflight
 from mala_tools.runner import build_runner, ending_the_run
 
 

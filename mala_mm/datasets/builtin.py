@@ -26,7 +26,6 @@ from .shapes import CLASSES, PALETTE, draw_scene
 
 SEG_CLASSES = ('background', ) + CLASSES
 SEG_PALETTE = [(0, 0, 0)] + PALETTE
-GENERATE_COMMAND = 'python tools/make_builtin_dataset.py --out {root}'
 MARKER = 'builtin_dataset.json'
 FORMAT_VERSION = 5  # bump when the drawing changes, so that old folders are regenerated
 SPLITS = {'train': 'training', 'val': 'validation'}

@@ -1,15 +1,11 @@
-"""A tool's config: its command-line arguments, reading it with ``--cfg-options``, and the checks of what it
-names before anything is built."""
+"""A tool's config: its command-line arguments, and reading it with ``--cfg-options`` (the checks of what it names,
+before anything is built: :mod:`mala_tools.checks`)."""
 import os.path as osp
-import sys
-from typing import List, Optional
+from typing import Optional
 
 from mmengine.config import Config, DictAction
 
-from .config_check import config_problems, top_level_typos
-from .errors import fail, is_main_process, require_file
-
-SCOPES = ('mmdet', 'mmseg')  # the config's default_scope picks the library
+from .errors import fail, require_file
 
 
 def add_common_args(parser):
@@ -49,28 +45,3 @@ def load_config(args) -> Config:
     elif cfg.get('work_dir') is None:
         cfg.work_dir = osp.join('work_dirs', osp.splitext(osp.basename(args.config))[0])
     return cfg
-
-
-def scope_problems(cfg, config_path: str) -> List[str]:
-    """``[why]`` where ``cfg`` (read from ``config_path``) names no default_scope these tools run, else ``[]``."""
-    scope = cfg.get('default_scope')
-    if scope in SCOPES:
-        return []
-    return [f'{config_path}: default_scope is {scope!r}; these tools run configs whose default_scope is one of '
-            f'{SCOPES} (inherit mmdet::/mmseg::_base_/default_runtime.py)']
-
-
-def config_errors(cfg, config_path: str, check_keys: bool = True) -> List[str]:
-    """What stops ``cfg`` (read from ``config_path``) from building: a default_scope these tools do not run, or
-    (with ``check_keys``) keys the classes they are given to do not take."""
-    problems = scope_problems(cfg, config_path)
-    if problems or not check_keys:
-        return problems
-    return [f'{config_path}: {problem}' for problem in config_problems(cfg)]
-
-
-def warn_about_config(cfg, config_path: str) -> None:
-    """Print, once per job, each top-level key of ``cfg`` that looks like a typo of one the Runner reads."""
-    if is_main_process():
-        for typo in top_level_typos(cfg):
-            print(f'warning: {config_path}: {typo}', file=sys.stderr)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import List
 
-from mala_mm.config_tree import config_dicts
+from .config_tree import config_dicts
 from .errors import is_main_process
 
 SYNC_BN_TYPES = ('SyncBN', 'MMSyncBN', 'TorchSyncBN')  # mmcv's names for SyncBatchNorm

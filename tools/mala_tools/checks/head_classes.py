@@ -4,9 +4,8 @@ import importlib
 from collections import defaultdict
 from typing import Iterator, List, Optional, Tuple
 
-from mala_mm.datasets.paths import keyed_leaf_datasets
-
-from mala_mm.config_tree import config_dicts
+from ..config_tree import config_dicts
+from .data_paths import keyed_leaf_datasets
 
 # parts of a model whose num_classes is not the dataset's: an RPN scores objectness, one class
 NOT_THE_DATASETS_CLASSES = ('rpn_head', )

@@ -5,8 +5,9 @@ import os.path as osp
 from typing import Iterator, List, Optional, Tuple
 
 from ..config_tree import config_dicts
-from .builtin import GENERATE_COMMAND
 
+# what makes the built-in dataset, which can be made on the spot (any other has to be downloaded)
+GENERATE_COMMAND = 'python tools/make_builtin_dataset.py --out {root}'
 
 ALL_DATALOADERS = ('train_dataloader', 'val_dataloader', 'test_dataloader')
 # The image and label folders are searched for empty files where that is cheap: up to this many files in all (the
@@ -111,7 +112,6 @@ def _roots(cfg, dataloaders) -> List[str]:
 
 def _generate_command(roots: List[str], force: bool = False) -> str:
     """The command that makes the built-in datasets among ``roots``, or '' if there are none."""
-    # the built-in dataset can be made on the spot; any other has to be downloaded
     builtin_roots = [root for root in roots if 'builtin' in osp.basename(osp.normpath(root))]
     return ' && '.join(
         GENERATE_COMMAND.format(root=osp.normpath(root)) + (' --force' if force else '') for root in builtin_roots)

@@ -1,15 +1,20 @@
-"""Finding misspelt keys in a config before anything is built: a key the named class does not take would
-otherwise stop the run with a traceback from inside the registry (:func:`config_problems`), and a misspelt
-top-level key would be silently ignored (:func:`top_level_typos`, a warning: a config's own variable may be so
-named)."""
+"""A config's keys, checked before anything is built: a default_scope these tools do not run
+(:func:`scope_problems`); a key the named class does not take, which would otherwise stop the run with a traceback
+from inside the registry (:func:`config_problems`); a misspelt top-level key, which would be silently ignored
+(:func:`top_level_typos`, a warning: a config's own variable may be so named). :func:`config_errors` is what the
+tools call."""
 import difflib
 import importlib
 import inspect
+import sys
 from typing import Iterator, List, Optional
 
 from mmengine.runner import Runner
 
-from mala_mm.config_tree import config_dicts
+from ..config_tree import config_dicts
+from ..errors import is_main_process
+
+SCOPES = ('mmdet', 'mmseg')  # the config's default_scope picks the library
 
 # top-level keys that mmengine's Runner reads besides its constructor's arguments, or these tools read
 OTHER_TOP_LEVEL_KEYS = ('custom_imports', 'runner_type', 'model_wrapper_cfg', 'find_unused_parameters', 'sync_bn',
@@ -151,3 +156,28 @@ def top_level_typos(cfg) -> List[str]:
     Runner would therefore ignore. Likely, not certainly, a mistake: a variable of the config may be so named."""
     return [f'top-level key {key!r} is not one the runner reads; did you mean {intended!r}?'
             for key, intended in ((key, _misspelt_top_level_key(key)) for key in cfg.keys()) if intended]
+
+
+def scope_problems(cfg, config_path: str) -> List[str]:
+    """``[why]`` where ``cfg`` (read from ``config_path``) names no default_scope these tools run, else ``[]``."""
+    scope = cfg.get('default_scope')
+    if scope in SCOPES:
+        return []
+    return [f'{config_path}: default_scope is {scope!r}; these tools run configs whose default_scope is one of '
+            f'{SCOPES} (inherit mmdet::/mmseg::_base_/default_runtime.py)']
+
+
+def config_errors(cfg, config_path: str, check_keys: bool = True) -> List[str]:
+    """What stops ``cfg`` (read from ``config_path``) from building: a default_scope these tools do not run, or
+    (with ``check_keys``) keys the classes they are given to do not take."""
+    problems = scope_problems(cfg, config_path)
+    if problems or not check_keys:
+        return problems
+    return [f'{config_path}: {problem}' for problem in config_problems(cfg)]
+
+
+def warn_about_config(cfg, config_path: str) -> None:
+    """Print, once per job, each top-level key of ``cfg`` that looks like a typo of one the Runner reads."""
+    if is_main_process():
+        for typo in top_level_typos(cfg):
+            print(f'warning: {config_path}: {typo}', file=sys.stderr)

@@ -4,9 +4,10 @@ from typing import Callable, Iterator, List, Tuple
 
 import torch.distributed as dist
 
-from mala_mm.config_tree import config_dicts
-from .distributed import close_distributed
-from .errors import ToolError, fail, local_rank, missing_local_file, print_error
+from ..config_tree import config_dicts
+from ..distributed import close_distributed
+from ..errors import ToolError, fail, local_rank, missing_local_file, print_error
+from .data_paths import DatasetNotFoundError, EmptyDataFileError, check_data_paths
 
 
 def _pretrained_checkpoints(node, path: str = 'model') -> Iterator[Tuple[str, str]]:
@@ -30,7 +31,6 @@ def missing_weight_files(cfg, load_from_name: str = 'load_from') -> List[str]:
 
 def data_problems(cfg, dataloaders) -> List[str]:
     """The datasets of ``dataloaders`` that are missing or hold empty files, with how to fix each."""
-    from mala_mm.datasets import DatasetNotFoundError, EmptyDataFileError, check_data_paths
     try:
         check_data_paths(cfg, dataloaders)
     except (DatasetNotFoundError, EmptyDataFileError) as err:

@@ -1,17 +1,12 @@
-"""Images that cannot be decoded: found before a run (:func:`undecodable_images`), or skipped during one
-(:class:`LoadImageOrSkip`, the pipeline step that a config puts in place of ``LoadImageFromFile``)."""
-import importlib
-import os
+"""Images that cannot be decoded, skipped during a run (:class:`LoadImageOrSkip`, the pipeline step that a config
+puts in place of ``LoadImageFromFile``); tools/check_dataset.py finds them all before one."""
 import os.path as osp
-from multiprocessing import Pool
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Optional
 
 import cv2
 import numpy as np
 from mmcv.transforms import TRANSFORMS, LoadImageFromFile
 from mmengine.logging import MMLogger
-
-from .paths import keyed_dataset_cfgs
 
 
 def decode_problem(path: str) -> Optional[str]:
@@ -26,30 +21,6 @@ def decode_problem(path: str) -> Optional[str]:
     except (OSError, cv2.error) as err:
         return f'unreadable ({err})'
     return None if image is not None else f'not a decodable image ({osp.getsize(path)} bytes)'
-
-
-def _problem_of(path: str) -> Tuple[str, Optional[str]]:
-    return path, decode_problem(path)
-
-
-def undecodable_images(paths: Iterable[str], workers: int = 0) -> List[Tuple[str, str]]:
-    """(path, reason) of every image among ``paths`` that cannot be decoded, decoding in ``workers``
-    processes (0: all cores)."""
-    paths = list(dict.fromkeys(paths))
-    with Pool(workers or os.cpu_count()) as pool:
-        return [(path, reason) for path, reason in pool.imap(_problem_of, paths, chunksize=32) if reason]
-
-
-def split_image_paths(cfg, split: str) -> List[str]:
-    """The image files the ``<split>_dataloader`` of ``cfg`` reads (mmdet or mmseg datasets, any wrapper)."""
-    from mmengine.registry import init_default_scope
-    init_default_scope(cfg.default_scope)
-    datasets = importlib.import_module(f'{cfg.default_scope}.registry').DATASETS
-    paths = []
-    for _, dataset_cfg in keyed_dataset_cfgs(cfg[f'{split}_dataloader']['dataset'], ''):
-        dataset = datasets.build({**dataset_cfg, 'pipeline': [], 'lazy_init': False})
-        paths += [dataset.get_data_info(i)['img_path'] for i in range(len(dataset))]
-    return paths
 
 
 class TooManyUndecodableImages(RuntimeError):

@@ -1,5 +1,6 @@
 """Walking a config's nested dicts and lists, each dict named by the dotted key that ``--cfg-options`` takes
-(list items by their index: ``model.roi_head.bbox_head.0``): the one walk of config trees in this project."""
+(list items by their index: ``model.roi_head.bbox_head.0``): the one walk of config trees, for the checks and
+the changes a tool makes to fit a config to the machine."""
 from typing import Container, Iterator, Optional, Tuple
 
 
