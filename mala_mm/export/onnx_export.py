@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from .errors import ExportError
-from .two_stage import ROI_ALIGN_OPSET
+from .regions import ROI_ALIGN_OPSET
 from .wrapper import ImageToTensors
 
 EXPORTERS = ('dynamo', 'torchscript')
