@@ -20,7 +20,7 @@ setup(
         # mmcv 2.1.0 wheels, so that an existing mmdet 3.x environment keeps its torch
         'torch>=2.1',
         # the tested series; AtomicCheckpointHook relies on CheckpointHook deleting through its file backend
-        # (tests/test_atomic_checkpoints.py)
+        # (tests/unit/engine/test_atomic_checkpoints.py)
         'mmengine>=0.10.0,<0.11',
         # mmdet 3.3 and mmseg 1.2 assert mmcv < 2.2.0; mmcv is installed first, with its compiled ops,
         # by tools/setup_env.sh (it has no binary wheels on PyPI).

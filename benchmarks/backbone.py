@@ -2,8 +2,9 @@
 
 Compares this implementation with the explicit reference of the spec (same weights; ``mala_tools.reference`` with
 MALA in the release's linear order, softmax through its N x N matrix, RoPE tables rebuilt in every block, NCHW;
-tests/test_reference.py checks it against the release's outputs) and with mmdet's Swin-T, in eval and in a train
-step (forward + backward), and measures how the cost grows with the number of pixels when every stage uses MALA.
+tests/unit/models/test_reference.py checks it against the release's outputs) and with mmdet's Swin-T, in eval and
+in a train step (forward + backward), and measures how the cost grows with the number of pixels when every stage
+uses MALA.
 With --compile it also measures ``MALA(compile=True)`` against the eager model in the same run (its first call
 in each mode compiles, in the untimed warm-up). Writes results/<device>/backbone_<dtype>[_compiled].{md,json} and,
 with scaling sides, backbone_<dtype>[_compiled]_scaling.png.

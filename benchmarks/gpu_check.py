@@ -51,9 +51,9 @@ BACKBONE_DTYPES = {'full': ('fp32', 'bf16', 'fp16'), 'quick': ('fp32', 'bf16')}
 # MALA-T's attention per stage: (stride, heads) at 64 channels a head
 MALA_T_STAGES = ((4, 1), (8, 2), (16, 4), (32, 8))
 HEAD_DIMS = 64
-# the test suite's bounds on the release fixture: fp32's max abs error (tests/test_backbone.py), the autocast
-# dtypes' relative error as a number of the dtype's epsilons (BACKBONE in tests/test_mixed_precision.py); TF32
-# rounds to fp16's 10-bit mantissa
+# the test suite's bounds on the release fixture: fp32's max abs error (tests/unit/models/test_backbone.py), the
+# autocast dtypes' relative error as a number of the dtype's epsilons (BACKBONE in
+# tests/unit/models/test_mixed_precision.py); TF32 rounds to fp16's 10-bit mantissa
 FP32_MAX_ABS_ERROR = 1e-4
 EPSILONS = 12
 RELATIVE_BOUNDS = {'tf32': EPSILONS * 2.0**-10, 'bf16 autocast': EPSILONS * torch.finfo(torch.bfloat16).eps,

@@ -4,7 +4,7 @@
 #
 # pytest-xdist runs it on one worker per core (at most 4), each test file on one worker, so that the training
 # runs a file's tests share are made once, handing out the files in the suite's order (the longest files first,
-# then the other slow ones: tests/conftest.py) rather than largest count of tests first
+# then the other slow ones: LONGEST_FILES in tests/conftest.py) rather than largest count of tests first
 # (docs/dev/testing.md).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -1,0 +1,209 @@
+"""ONNX export: the backbone with torch.onnx.export as users call it, and tools/export_onnx.py on segmentors and
+detectors, each graph run in ONNX Runtime at sizes the export never saw and compared with PyTorch."""
+import os
+
+import numpy as np
+import onnxruntime
+import pytest
+import torch
+
+from tests.helpers import ROOT, call_tool, load_config
+from mala_mm import MALA
+from mala_tools.model import build_model
+from mala_mm.export import ExportError, ImageToTensors, check_shape, compare_in_onnxruntime, export_onnx
+from mala_mm.sample_inputs import data_samples, image_metainfo
+
+RETINANET_CONFIG = f'{ROOT}/configs/detection/retinanet_mala_t_builtin.py'
+
+# fp32 arithmetic in another order (ONNX Runtime's kernels) differs by a few roundings of 2^-24 per op
+RELATIVE_TOLERANCE = 1e-4
+
+
+def onnxruntime_outputs(path, image):
+    session = onnxruntime.InferenceSession(str(path), providers=['CPUExecutionProvider'])
+    return session.run(None, {session.get_inputs()[0].name: image.numpy()})
+
+
+def assert_matches(expected, produced):
+    assert len(expected) == len(produced)
+    for ours, theirs in zip(expected, produced):
+        assert theirs.shape == tuple(ours.shape)
+        error = np.abs(theirs.astype(np.float64) - ours.double().numpy()).max()
+        assert error <= RELATIVE_TOLERANCE * ours.abs().max().item()
+
+
+@pytest.mark.parametrize('attn_types', ['released', 'mala'])
+def test_backbone_exports_with_dynamic_sizes_and_matches_in_onnxruntime(tmp_path, attn_types):
+    model = MALA(arch='tiny', **({} if attn_types == 'released' else dict(attn_types='mala'))).eval()
+    model.init_weights()
+    path = tmp_path / 'mala.onnx'
+    torch.onnx.export(model, (torch.randn(1, 3, 96, 128), ), str(path), dynamo=False, input_names=['image'],
+                      dynamic_axes={'image': {0: 'batch', 2: 'height', 3: 'width'}})
+    for shape in [(1, 3, 96, 128), (2, 3, 133, 75)]:  # the export's size and one it never saw, not a multiple of 32
+        image = torch.randn(*shape)
+        with torch.no_grad():
+            expected = model(image)
+        assert_matches(expected, onnxruntime_outputs(path, image))
+    # tracing computes the RoPE tables from the traced size and leaves the eager cache to eager tensors
+    assert all(type(t.cos) is torch.Tensor for stage in model.layers for t in stage.RoPE._tables.values())
+
+
+@pytest.mark.parametrize('arch', ['tiny', 'small', pytest.param('base', marks=pytest.mark.slow),
+                                  pytest.param('large', marks=pytest.mark.slow)])  # 10-20 s each to trace
+def test_plain_torch_onnx_export_of_every_variant(tmp_path, arch):
+    model = MALA(arch=arch).eval()
+    image = torch.randn(1, 3, 64, 96)
+    path = tmp_path / f'{arch}.onnx'
+    torch.onnx.export(model, (image, ), str(path), dynamo=False)
+    with torch.no_grad():
+        assert_matches(model(image), onnxruntime_outputs(path, image))
+
+
+def export_tool(config, out, *options):
+    result = call_tool(['export_onnx.py', os.path.join(ROOT, config), '--out', str(out), *options], ROOT)
+    return result, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize('config,shape', [
+    ('configs/segmentation/upernet_mala_t_builtin.py', ('128', '128')),
+    ('configs/segmentation/fpn_mala_t.py', ('96', '128')),
+    ('configs/detection/retinanet_mala_t_builtin.py', ('128', '160')),
+    ('configs/detection/mask_rcnn_mala_t_builtin.py', ('128', '160')),
+])
+def test_export_tool_matches_in_onnxruntime_at_an_unseen_size(tmp_path, config, shape):
+    result, log = export_tool(config, tmp_path / 'model.onnx', '--shape', *shape, '--dynamic',
+                              '--exporter', 'torchscript', '--cfg-options', 'model.backbone.init_cfg=None')
+    assert result.returncode == 0, log
+    unseen = f'input {int(shape[0]) + 37}x{int(shape[1]) - 21}'
+    assert unseen in log and 'ONNX Runtime matches PyTorch' in log
+    errors = [float(line.split('max rel ')[1]) for line in log.splitlines() if 'max rel' in line]
+    assert errors and max(errors) <= RELATIVE_TOLERANCE
+
+
+@pytest.mark.slow
+def test_export_tool_with_the_dynamo_exporter(tmp_path):
+    # the built-in UperNet with a narrow MALA: what the exporter traces is the same kind of graph, in fewer blocks
+    result, log = export_tool('tests/data/upernet_mala_narrow_64px_builtin.py', tmp_path / 'model.onnx',
+                              '--shape', '96', '96', '--dynamic')
+    assert result.returncode == 0, log
+    assert 'input 133x75' in log and 'ONNX Runtime matches PyTorch' in log
+
+
+def test_backbone_only_export_returns_the_feature_maps(tmp_path):
+    result, log = export_tool('configs/detection/mask_rcnn_mala_t_builtin.py', tmp_path / 'backbone.onnx',
+                              '--backbone-only', '--shape', '64', '96', '--exporter', 'torchscript')
+    assert result.returncode == 0, log
+    assert [line.split()[2] for line in log.splitlines() if 'max rel' in line] == [f'stage{i}' for i in range(4)]
+
+
+def test_a_config_without_mala_exports_too(tmp_path):
+    config = tmp_path / 'retinanet_r18_builtin.py'
+    config.write_text(
+        f"_base_ = ['{ROOT}/configs/detection/retinanet_mala_t_builtin.py']\n"
+        "model = dict(backbone=dict(_delete_=True, type='ResNet', depth=18, out_indices=(0, 1, 2, 3)),\n"
+        "             neck=dict(in_channels=[64, 128, 256, 512]))\n")
+    result = call_tool(['export_onnx.py', str(config), '--out', str(tmp_path / 'r18.onnx'), '--shape', '96', '96',
+                       '--exporter', 'torchscript'], ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert 'ONNX Runtime matches PyTorch' in result.stdout
+
+
+@pytest.mark.parametrize('shape', [['0', '128'], ['128'], ['16', '64']])
+def test_a_wrong_shape_is_a_clear_error(tmp_path, shape):
+    result, log = export_tool('configs/segmentation/upernet_mala_t_builtin.py', tmp_path / 'model.onnx',
+                              '--shape', *shape, '--exporter', 'torchscript')
+    assert result.returncode == 2
+    assert 'error: --shape needs two integers H W, each at least 32' in result.stderr
+    assert 'Traceback' not in log and not (tmp_path / 'model.onnx').exists()
+
+
+def test_the_library_names_its_parameters_where_the_tool_names_its_flags():
+    with pytest.raises(ExportError) as raised:
+        check_shape([16, 64])
+    assert str(raised.value) == '`shape` needs two integers H W, each at least 32; got [16, 64]'
+
+
+def test_a_difference_beyond_the_tolerance_fails_the_tool(tmp_path):
+    result, log = export_tool('configs/segmentation/upernet_mala_t_builtin.py', tmp_path / 'model.onnx',
+                              '--shape', '64', '64', '--exporter', 'torchscript', '--tolerance', '0')
+    assert result.returncode == 2
+    assert 'error: ONNX Runtime differs from PyTorch by' in result.stderr and 'more than --tolerance 0' in log
+
+
+def test_exported_retinanet_outputs_give_the_models_detections(tmp_path):
+    """What a user runs after the graph: the head's own post-processing on ONNX Runtime's outputs."""
+    model = build_model(load_config(RETINANET_CONFIG))
+    module = ImageToTensors(model)
+    image = torch.rand(1, 3, 128, 160) * 255
+    path = str(tmp_path / 'retinanet.onnx')
+    export_onnx(module, image, path, exporter='torchscript')
+    reference = ImageToTensors(model, exportable=False)
+    assert max(row['max_rel'] for row in compare_in_onnxruntime(reference, path, image)) <= RELATIVE_TOLERANCE
+    levels = len(model.bbox_head.prior_generator.strides)
+    produced = [torch.from_numpy(t) for t in onnxruntime_outputs(path, image)]
+    with torch.no_grad():
+        from_onnx = model.bbox_head.predict_by_feat(produced[:levels], produced[levels:2 * levels],
+                                                    batch_img_metas=[image_metainfo(128, 160)], rescale=False)[0]
+        x = module.normalise(image)
+        from_torch = model.bbox_head.predict(model.extract_feat(x), data_samples('mmdet', 128, 160),
+                                             rescale=False)[0]
+    assert len(from_torch.bboxes) > 0
+    torch.testing.assert_close(from_onnx.bboxes, from_torch.bboxes, rtol=1e-4, atol=1e-3)
+    assert torch.equal(from_onnx.labels, from_torch.labels)
+
+
+def test_retinanet_exported_with_nms_gives_the_models_detections(tmp_path):
+    """With --nms the graph ends in ONNX's NonMaxSuppression and returns what mmdet's predict returns, at a size
+    the export never saw. An untrained head scores every anchor near its prior (0.01), so a threshold below that
+    gives NMS thousands of overlapping candidates of every class to sort out."""
+    import onnx
+    from mala_mm.export import pair_detections
+    test_cfg = dict(score_thr=0.005, nms_pre=1000, max_per_img=1000)
+    cfg = load_config(RETINANET_CONFIG)
+    cfg.merge_from_dict(dict(model=dict(test_cfg=test_cfg)))
+    model = build_model(cfg)
+    module = ImageToTensors(model, nms=True)
+    path = str(tmp_path / 'retinanet_nms.onnx')
+    assert export_onnx(module, torch.rand(1, 3, 128, 160) * 255, path, dynamic=True,
+                       exporter='torchscript') == ['boxes', 'scores', 'labels']
+    assert 'NonMaxSuppression' in {node.op_type for node in onnx.load(path).graph.node}
+    image = torch.rand(1, 3, 165, 139) * 255
+    with torch.no_grad():
+        expected = ImageToTensors(model, nms=True, exportable=False)(image)  # mmdet's preprocessor and predict
+        level_scores = model.bbox_head(model.extract_feat(module.pad(module.normalise(image))))[0]
+    candidates = sum(min(test_cfg['nms_pre'], int((s.sigmoid() > test_cfg['score_thr']).sum())) for s in level_scores)
+    assert 0 < len(expected[0]) < min(candidates, test_cfg['max_per_img'])  # NMS, not a cap, set the count
+    boxes, scores, labels = pair_detections(expected, [torch.from_numpy(t) for t in onnxruntime_outputs(path, image)])
+    torch.testing.assert_close(boxes, expected[0], rtol=RELATIVE_TOLERANCE, atol=RELATIVE_TOLERANCE * 165)
+    torch.testing.assert_close(scores, expected[1], rtol=RELATIVE_TOLERANCE, atol=0)
+    assert torch.equal(labels, expected[2])
+
+
+def test_a_detector_that_finds_nothing_exports_and_finds_nothing_in_onnxruntime(tmp_path):
+    """No detection at all (every score below the threshold): the graph still runs, and gives empty outputs of
+    the right shapes, as mmdet does."""
+    result, log = export_tool('configs/detection/mask_rcnn_mala_t_builtin.py', tmp_path / 'model.onnx', '--shape',
+                              '64', '96', '--dynamic', '--nms', '--exporter', 'torchscript', '--cfg-options',
+                              'model.test_cfg.rcnn.score_thr=1.0')
+    assert result.returncode == 0, log
+    assert 'input 101x75  masks   (0, 101, 75)' in log
+    assert 'match mmdet\'s predict within the bounds; neither found anything: --image checks on a picture' in log
+
+
+@pytest.mark.parametrize('config,options,message', [
+    ('configs/segmentation/upernet_mala_t_builtin.py', ['--exporter', 'torchscript'],
+     '--nms applies to detectors, not to a segmentor'),
+    ('configs/detection/retinanet_mala_t_builtin.py', ['--exporter', 'dynamo'],
+     '--nms exports the detections of one image with the TorchScript exporter: pass --exporter torchscript'),
+    ('configs/detection/mask_rcnn_mala_t_builtin.py', ['--exporter', 'torchscript', '--opset', '15'],
+     "a two-stage detector's detections need ONNX's RoiAlign of opset 16 or later (mmcv's aligned sampling); "
+     'got --opset 15'),
+    ('configs/detection/mask_rcnn_mala_t_builtin.py',
+     ['--exporter', 'torchscript', '--cfg-options', 'model.test_cfg.rcnn.nms.type=soft_nms'],
+     "StandardRoIHead test_cfg.nms is {'type': 'soft_nms', 'iou_threshold': 0.5}; the export has plain per-class "
+     'nms only'),
+])
+def test_nms_where_it_cannot_apply_is_a_clear_error(tmp_path, config, options, message):
+    result, log = export_tool(config, tmp_path / 'model.onnx', '--nms', '--shape', '64', '64', *options)
+    assert result.returncode == 2 and f'error: {message}' in result.stderr
+    assert 'Traceback' not in log and not (tmp_path / 'model.onnx').exists()
