@@ -5,7 +5,6 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 PY="${PYTHON:-../.venv/bin/python}"
 DEVICE="${DEVICE:-$("$PY" -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")')}"
-export PYTHONPATH="$PWD/..${PYTHONPATH:+:$PYTHONPATH}"
 "$PY" attention_op.py --device "$DEVICE"
 "$PY" softmax_kernels.py --device "$DEVICE"
 "$PY" backbone.py --device "$DEVICE" "$@"

@@ -116,6 +116,5 @@ launch() {
     if (( ${MAX_RESTARTS:-0} > 0 )); then
         rendezvous+=(--max-restarts="$MAX_RESTARTS")
     fi
-    PYTHONPATH="$(dirname "${BASH_SOURCE[0]}")/..${PYTHONPATH:+:$PYTHONPATH}" \
     "$PYTHON" -m torch.distributed.run --nproc_per_node="$nproc" "${rendezvous[@]}" "$@"
 }

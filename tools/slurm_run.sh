@@ -13,8 +13,7 @@ srun_restarting() {
     local restart=0 status
     while true; do
         status=0
-        PYTHONPATH="$(dirname "${BASH_SOURCE[0]}")/..${PYTHONPATH:+:$PYTHONPATH}" \
-            srun --kill-on-bad-exit=1 ${SRUN_OPTIONS[@]+"${SRUN_OPTIONS[@]}"} "$PYTHON" -u "$@" || status=$?
+        srun --kill-on-bad-exit=1 ${SRUN_OPTIONS[@]+"${SRUN_OPTIONS[@]}"} "$PYTHON" -u "$@" || status=$?
         if (( status == 0 || status == 2 || restart >= ${MAX_RESTARTS:-0} )); then
             return "$status"
         fi
