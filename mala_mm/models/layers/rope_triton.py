@@ -12,7 +12,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .mala_triton import SIZE_ARGS, heads_of_channels_last_map, rotate, rotate_transposed
+from .mala_triton import heads_of_channels_last_map
+from .mala_triton_kernels import SIZE_ARGS, rotate, rotate_transposed
 
 
 @triton.jit
