@@ -20,12 +20,17 @@ TARGET_PROGRAMS = 512
 INTERPRETED = not isinstance(state_kernel, triton.runtime.JITFunction)
 
 
+def padded_head_dims(head_dims: int) -> int:
+    """The head width a kernel's tile holds: the next power of two, at least 16 (``tl.dot``'s smallest tile)."""
+    return max(16, triton.next_power_of_2(head_dims))
+
+
 def _tiles(head_dims: int) -> Tuple[int, int, dict]:
     """BLOCK_N (tokens a tile), BLOCK_D (padded head width) and the launch options: a d x d fp32 state and its
     gradient stay in registers up to d = 64; wider heads (96 in MALA-B and -L) take half as many tokens a tile,
     twice the warps and no software pipelining: pipelined, the query gradient's kernel asks for 240 KiB of shared
     memory (Triton 3.6, d = 96), more than an H200's 227 KiB."""
-    block_d = max(16, triton.next_power_of_2(head_dims))
+    block_d = padded_head_dims(head_dims)
     if block_d <= 64:
         return 64, block_d, dict(num_warps=4)
     return 32, block_d, dict(num_warps=8, num_stages=1)
@@ -39,7 +44,8 @@ def _chunks(num_tokens: int, batch_heads: int, block_n: int) -> Tuple[int, int]:
     return blocks_a_chunk * block_n, triton.cdiv(blocks, blocks_a_chunk)
 
 
-def _strides(t: Tensor) -> Tuple[int, int, int]:
+def strides(t: Tensor) -> Tuple[int, int, int]:
+    """The batch, head and token strides of a (B, h, N, d) tensor, as the kernels take them."""
     return t.stride(0), t.stride(1), t.stride(2)
 
 
@@ -50,7 +56,7 @@ def heads_of_channels_last_map(like: Tensor) -> Tensor:
     return like.new_empty((batch, num_tokens, heads, head_dims)).transpose(1, 2)
 
 
-def _unit_stride(t: Tensor) -> Tensor:
+def unit_stride(t: Tensor) -> Tensor:
     """t, or a copy of it, whose channels are adjacent in memory, as the kernels address them."""
     return t if t.stride(-1) == 1 else t.contiguous()
 
@@ -80,14 +86,14 @@ class _FusedMALAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, cos: Optional[Tensor], sin: Optional[Tensor], eps: float):
-        q, k, v = (_unit_stride(t) for t in (q, k, v))
+        q, k, v = (unit_stride(t) for t in (q, k, v))
         plan = _Plan(q, cos, sin)
         partial = plan.partial_states()
-        state_kernel[plan.chunk_grid](k, v, *plan.rope, partial, *_strides(k), *_strides(v), plan.heads,
+        state_kernel[plan.chunk_grid](k, v, *plan.rope, partial, *strides(k), *strides(v), plan.heads,
                                       plan.num_tokens, plan.head_dims, plan.chunk_tokens, **plan.options)
         state = partial.sum(1)
         out = heads_of_channels_last_map(v)
-        output_kernel[plan.tile_grid](q, state, *plan.rope, out, *_strides(q), *_strides(out), plan.heads,
+        output_kernel[plan.tile_grid](q, state, *plan.rope, out, *strides(q), *strides(out), plan.heads,
                                       plan.num_tokens, plan.head_dims, plan.scale, eps, **plan.options)
         ctx.save_for_backward(q, k, v, cos, sin, state)
         ctx.eps = eps
@@ -96,15 +102,15 @@ class _FusedMALAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         q, k, v, cos, sin, state = ctx.saved_tensors
-        grad = _unit_stride(grad)
+        grad = unit_stride(grad)
         plan = _Plan(q, cos, sin)
         dq, dk, dv = (heads_of_channels_last_map(t) for t in (q, k, v))
         partial = plan.partial_states()
         query_grad_kernel[plan.chunk_grid](
-            q, grad, state, *plan.rope, dq, partial, *_strides(q), *_strides(grad), *_strides(dq), plan.heads,
+            q, grad, state, *plan.rope, dq, partial, *strides(q), *strides(grad), *strides(dq), plan.heads,
             plan.num_tokens, plan.head_dims, plan.chunk_tokens, plan.scale, ctx.eps, **plan.options)
         key_value_grad_kernel[plan.tile_grid](
-            k, v, partial.sum(1), *plan.rope, dk, dv, *_strides(k), *_strides(v), *_strides(dk), *_strides(dv),
+            k, v, partial.sum(1), *plan.rope, dk, dv, *strides(k), *strides(v), *strides(dk), *strides(dv),
             plan.heads, plan.num_tokens, plan.head_dims, **plan.options)
         return dq, dk, dv, None, None, None
 

@@ -57,17 +57,17 @@ def rotate_transposed(g, cos, sin, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr)
 
 
 @triton.jit
-def _load(ptr, stride_n, rows, cols, num_tokens, head_dims):
+def load_tile(ptr, stride_n, rows, cols, num_tokens, head_dims):
     """A (rows, cols) tile of a (N, d) matrix as fp32, zero outside it, and where it lies inside."""
     valid = (rows[:, None] < num_tokens) & (cols[None, :] < head_dims)
     return tl.load(ptr + rows[:, None] * stride_n + cols[None, :], mask=valid, other=0.0).to(tl.float32), valid
 
 
 @triton.jit
-def _load_tables(cos_ptr, sin_ptr, rows, cols, num_tokens, head_dims):
+def load_tables(cos_ptr, sin_ptr, rows, cols, num_tokens, head_dims):
     """The (rows, cols) tiles of the (N, d) RoPE tables."""
-    cos, _ = _load(cos_ptr, head_dims, rows, cols, num_tokens, head_dims)
-    sin, _ = _load(sin_ptr, head_dims, rows, cols, num_tokens, head_dims)
+    cos, _ = load_tile(cos_ptr, head_dims, rows, cols, num_tokens, head_dims)
+    sin, _ = load_tile(sin_ptr, head_dims, rows, cols, num_tokens, head_dims)
     return cos, sin
 
 
@@ -87,9 +87,9 @@ def _store_state(ptr, cols, matrix, first, second, BLOCK_D: tl.constexpr):
 
 @triton.jit(do_not_specialize=SIZE_ARGS + ['chunk_tokens'])
 def state_kernel(k_ptr, v_ptr, cos_ptr, sin_ptr, partial_ptr,
-                  stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-                  num_heads, num_tokens, head_dims, chunk_tokens,
-                  HAS_ROPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                 stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                 num_heads, num_tokens, head_dims, chunk_tokens,
+                 HAS_ROPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """partial[bh, chunk] = [sum R(phi(k))^T v; sum phi(k); sum v] over the chunk's tokens."""
     chunk, bh = tl.program_id(0), tl.program_id(1)
     batch, head = bh // num_heads, bh % num_heads
@@ -101,13 +101,13 @@ def state_kernel(k_ptr, v_ptr, cos_ptr, sin_ptr, partial_ptr,
     v_sum = tl.zeros((BLOCK_D,), tl.float32)
     for offset in range(0, chunk_tokens, BLOCK_N):
         rows = chunk * chunk_tokens + offset + tl.arange(0, BLOCK_N)
-        k, valid = _load(k_ptr, stride_kn, rows, cols, num_tokens, head_dims)
-        v, _ = _load(v_ptr, stride_vn, rows, cols, num_tokens, head_dims)
+        k, valid = load_tile(k_ptr, stride_kn, rows, cols, num_tokens, head_dims)
+        v, _ = load_tile(v_ptr, stride_vn, rows, cols, num_tokens, head_dims)
         phi_k = _phi(k, valid)
         k_sum += tl.sum(phi_k, 0)
         v_sum += tl.sum(v, 0)
         if HAS_ROPE:
-            cos, sin = _load_tables(cos_ptr, sin_ptr, rows, cols, num_tokens, head_dims)
+            cos, sin = load_tables(cos_ptr, sin_ptr, rows, cols, num_tokens, head_dims)
             phi_k = rotate(phi_k, cos, sin, BLOCK_N, BLOCK_D)
         kv += tl.dot(tl.trans(phi_k), v, input_precision='ieee')
     partial = partial_ptr + (bh * tl.num_programs(0) + chunk) * (BLOCK_D + 2) * BLOCK_D
@@ -116,21 +116,21 @@ def state_kernel(k_ptr, v_ptr, cos_ptr, sin_ptr, partial_ptr,
 
 @triton.jit(do_not_specialize=SIZE_ARGS)
 def output_kernel(q_ptr, state_ptr, cos_ptr, sin_ptr, out_ptr,
-                   stride_qb, stride_qh, stride_qn, stride_ob, stride_oh, stride_on,
-                   num_heads, num_tokens, head_dims, scale, eps,
-                   HAS_ROPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                  stride_qb, stride_qh, stride_qn, stride_ob, stride_oh, stride_on,
+                  num_heads, num_tokens, head_dims, scale, eps,
+                  HAS_ROPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Y = beta (s / N) R(phi(q)) KV - z mean(v) for one tile of queries."""
     block, bh = tl.program_id(0), tl.program_id(1)
     batch, head = bh // num_heads, bh % num_heads
     cols = tl.arange(0, BLOCK_D)
     rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
     kv, k_sum, v_sum = _load_state(state_ptr + bh * (BLOCK_D + 2) * BLOCK_D, cols, BLOCK_D)
-    q, valid = _load(q_ptr + batch * stride_qb + head * stride_qh, stride_qn, rows, cols, num_tokens, head_dims)
+    q, valid = load_tile(q_ptr + batch * stride_qb + head * stride_qh, stride_qn, rows, cols, num_tokens, head_dims)
     phi_q = _phi(q, valid)
     z = scale * tl.sum(phi_q * (k_sum / num_tokens)[None, :], 1)  # before RoPE, as released
     beta = 1 + 1 / (z + eps)
     if HAS_ROPE:
-        cos, sin = _load_tables(cos_ptr, sin_ptr, rows, cols, num_tokens, head_dims)
+        cos, sin = load_tables(cos_ptr, sin_ptr, rows, cols, num_tokens, head_dims)
         phi_q = rotate(phi_q, cos, sin, BLOCK_N, BLOCK_D)
     y = (beta * (scale / num_tokens))[:, None] * tl.dot(phi_q, kv, input_precision='ieee')
     y -= z[:, None] * (v_sum / num_tokens)[None, :]
@@ -140,10 +140,10 @@ def output_kernel(q_ptr, state_ptr, cos_ptr, sin_ptr, out_ptr,
 
 @triton.jit(do_not_specialize=SIZE_ARGS + ['chunk_tokens'])
 def query_grad_kernel(q_ptr, grad_ptr, state_ptr, cos_ptr, sin_ptr, dq_ptr, partial_ptr,
-                       stride_qb, stride_qh, stride_qn, stride_gb, stride_gh, stride_gn,
-                       stride_db, stride_dh, stride_dn,
-                       num_heads, num_tokens, head_dims, chunk_tokens, scale, eps,
-                       HAS_ROPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                      stride_qb, stride_qh, stride_qn, stride_gb, stride_gh, stride_gn,
+                      stride_db, stride_dh, stride_dn,
+                      num_heads, num_tokens, head_dims, chunk_tokens, scale, eps,
+                      HAS_ROPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """dq of a chunk of queries, and partial[bh, chunk] = the chunk's share of the gradients of the state:
     [dL/dKV; dL/dmean(phi(k)); dL/dmean(v)]."""
     chunk, bh = tl.program_id(0), tl.program_id(1)
@@ -160,14 +160,14 @@ def query_grad_kernel(q_ptr, grad_ptr, state_ptr, cos_ptr, sin_ptr, dq_ptr, part
     d_v_mean = tl.zeros((BLOCK_D,), tl.float32)
     for offset in range(0, chunk_tokens, BLOCK_N):
         rows = chunk * chunk_tokens + offset + tl.arange(0, BLOCK_N)
-        q, valid = _load(q_ptr, stride_qn, rows, cols, num_tokens, head_dims)
-        grad, _ = _load(grad_ptr, stride_gn, rows, cols, num_tokens, head_dims)
+        q, valid = load_tile(q_ptr, stride_qn, rows, cols, num_tokens, head_dims)
+        grad, _ = load_tile(grad_ptr, stride_gn, rows, cols, num_tokens, head_dims)
         phi_q = _phi(q, valid)
         z = scale * tl.sum(phi_q * k_mean[None, :], 1)
         inverse = 1 / (z + eps)
         rotated_q = phi_q
         if HAS_ROPE:
-            cos, sin = _load_tables(cos_ptr, sin_ptr, rows, cols, num_tokens, head_dims)
+            cos, sin = load_tables(cos_ptr, sin_ptr, rows, cols, num_tokens, head_dims)
             rotated_q = rotate(phi_q, cos, sin, BLOCK_N, BLOCK_D)
         product = tl.dot(rotated_q, kv, input_precision='ieee')                       # R(phi(q)) KV
         d_product = (kv_scale * (1 + inverse))[:, None] * grad
@@ -189,21 +189,21 @@ def query_grad_kernel(q_ptr, grad_ptr, state_ptr, cos_ptr, sin_ptr, dq_ptr, part
 
 @triton.jit(do_not_specialize=SIZE_ARGS)
 def key_value_grad_kernel(k_ptr, v_ptr, d_state_ptr, cos_ptr, sin_ptr, dk_ptr, dv_ptr,
-                           stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-                           stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                           num_heads, num_tokens, head_dims,
-                           HAS_ROPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                          stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                          stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                          num_heads, num_tokens, head_dims,
+                          HAS_ROPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """dk and dv of one tile of keys and values from the gradient of the state."""
     block, bh = tl.program_id(0), tl.program_id(1)
     batch, head = bh // num_heads, bh % num_heads
     cols = tl.arange(0, BLOCK_D)
     rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
     d_kv, d_k_mean, d_v_mean = _load_state(d_state_ptr + bh * (BLOCK_D + 2) * BLOCK_D, cols, BLOCK_D)
-    k, valid = _load(k_ptr + batch * stride_kb + head * stride_kh, stride_kn, rows, cols, num_tokens, head_dims)
-    v, _ = _load(v_ptr + batch * stride_vb + head * stride_vh, stride_vn, rows, cols, num_tokens, head_dims)
+    k, valid = load_tile(k_ptr + batch * stride_kb + head * stride_kh, stride_kn, rows, cols, num_tokens, head_dims)
+    v, _ = load_tile(v_ptr + batch * stride_vb + head * stride_vh, stride_vn, rows, cols, num_tokens, head_dims)
     rotated_k = _phi(k, valid)
     if HAS_ROPE:
-        cos, sin = _load_tables(cos_ptr, sin_ptr, rows, cols, num_tokens, head_dims)
+        cos, sin = load_tables(cos_ptr, sin_ptr, rows, cols, num_tokens, head_dims)
         rotated_k = rotate(rotated_k, cos, sin, BLOCK_N, BLOCK_D)
     d_rotated_k = tl.dot(v, tl.trans(d_kv), input_precision='ieee')
     dv = tl.dot(rotated_k, d_kv, input_precision='ieee') + (d_v_mean / num_tokens)[None, :]

@@ -12,14 +12,14 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .mala_triton import heads_of_channels_last_map
-from .mala_triton_kernels import SIZE_ARGS, rotate, rotate_transposed
+from .mala_triton import heads_of_channels_last_map, padded_head_dims, strides, unit_stride
+from .mala_triton_kernels import SIZE_ARGS, load_tables, load_tile, rotate, rotate_transposed
 
 
 @triton.jit
-def _rotate_tile(x_ptr, out_ptr, cos, sin, rows, cols, valid, stride_xn, stride_on,
+def _rotate_tile(x_ptr, out_ptr, cos, sin, rows, cols, stride_xn, stride_on, num_tokens, head_dims,
                  TRANSPOSED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    x = tl.load(x_ptr + rows[:, None] * stride_xn + cols[None, :], mask=valid, other=0.0).to(tl.float32)
+    x, valid = load_tile(x_ptr, stride_xn, rows, cols, num_tokens, head_dims)
     if TRANSPOSED:
         y = rotate_transposed(x, cos, sin, BLOCK_N, BLOCK_D)
     else:
@@ -38,27 +38,24 @@ def _rotate_pair_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, q_out_ptr, k_out_ptr,
     batch, head = bh // num_heads, bh % num_heads
     rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_D)
-    valid = (rows[:, None] < num_tokens) & (cols[None, :] < head_dims)
-    table = rows[:, None] * head_dims + cols[None, :]
-    cos = tl.load(cos_ptr + table, mask=valid, other=0.0)
-    sin = tl.load(sin_ptr + table, mask=valid, other=0.0)
+    cos, sin = load_tables(cos_ptr, sin_ptr, rows, cols, num_tokens, head_dims)
     out = batch * stride_ob + head * stride_oh
-    _rotate_tile(q_ptr + batch * stride_qb + head * stride_qh, q_out_ptr + out, cos, sin, rows, cols, valid,
-                 stride_qn, stride_on, TRANSPOSED, BLOCK_N, BLOCK_D)
-    _rotate_tile(k_ptr + batch * stride_kb + head * stride_kh, k_out_ptr + out, cos, sin, rows, cols, valid,
-                 stride_kn, stride_on, TRANSPOSED, BLOCK_N, BLOCK_D)
+    _rotate_tile(q_ptr + batch * stride_qb + head * stride_qh, q_out_ptr + out, cos, sin, rows, cols,
+                 stride_qn, stride_on, num_tokens, head_dims, TRANSPOSED, BLOCK_N, BLOCK_D)
+    _rotate_tile(k_ptr + batch * stride_kb + head * stride_kh, k_out_ptr + out, cos, sin, rows, cols,
+                 stride_kn, stride_on, num_tokens, head_dims, TRANSPOSED, BLOCK_N, BLOCK_D)
 
 
 def _rotate_pair(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, transposed: bool) -> Tuple[Tensor, Tensor]:
-    q, k = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k))
+    q, k = unit_stride(q), unit_stride(k)
     batch, heads, num_tokens, head_dims = q.shape
     # in (B, N, h, d) memory, as flash attention reads its operands without a copy
     q_out, k_out = heads_of_channels_last_map(q), heads_of_channels_last_map(k)
-    block_d = max(16, triton.next_power_of_2(head_dims))
+    block_d = padded_head_dims(head_dims)
     block_n = max(16, 4096 // block_d)
     _rotate_pair_kernel[(triton.cdiv(num_tokens, block_n), batch * heads)](
-        q, k, cos, sin, q_out, k_out, *q.stride()[:3], *k.stride()[:3], *q_out.stride()[:3], heads, num_tokens,
-        head_dims, TRANSPOSED=transposed, BLOCK_N=block_n, BLOCK_D=block_d)
+        q, k, cos, sin, q_out, k_out, *strides(q), *strides(k), *strides(q_out), heads, num_tokens, head_dims,
+        TRANSPOSED=transposed, BLOCK_N=block_n, BLOCK_D=block_d)
     return q_out, k_out
 
 
