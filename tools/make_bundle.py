@@ -32,8 +32,8 @@ def main():
     manifest = make_bundle(args.out, args.python, args.platform, args.leave_out, args.mmcv_wheel)
     left_out = ', '.join(manifest['left_out']) or 'nothing'
     prebuilt = f" and {manifest['mmcv_wheel']}" if manifest['mmcv_wheel'] else ''
-    print(f"{args.out}: {len(manifest['bundled'])} packages, mmcv {manifest['mmcv']}'s source{prebuilt} and mala_mm "
-          f"for Python {args.python}, {folder_mib(args.out):.1f} MiB; left out: {left_out}")
+    print(f"{args.out}: {len(manifest['bundled'])} packages, mmcv {manifest['mmcv']}'s source{prebuilt}, mala_mm and "
+          f"mala_tools for Python {args.python}, {folder_mib(args.out):.1f} MiB; left out: {left_out}")
 
 
 if __name__ == '__main__':

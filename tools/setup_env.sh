@@ -41,7 +41,6 @@ stamp_inputs() {
 
 pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
 
-
 # Stops, before anything is downloaded, when the interpreter $1 that would create .venv is not a Python the
 # stack is set up with, saying which to use instead.
 check_python() {
