@@ -1,5 +1,5 @@
 """MALA (MAViT) backbone for dense prediction."""
-from typing import Dict, Optional, Sequence, Union
+from typing import Callable, Dict, Optional, Sequence, Union
 
 import torch
 from mmengine.logging import MMLogger
@@ -12,8 +12,13 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from ...checkpoint import load_backbone_weights
 from ..layers import ATTENTION_KINDS, ConvStem, LayerNorm2d, MALAStage, rope_head_dims
 from ..layers.attention import check_attn_impl
+from ..layers.blocks import call_block
 from ..layers.conv import channels_last_strides
-from ..layers.torch_compat import HAS_CUSTOM_OPS, is_compiling
+from ..layers.torch_compat import HAS_CUSTOM_OPS, is_compiling, recompile_limit
+
+# graphs the compiled block may take per kind of block (dynamo's own default for a function) before dynamo runs the
+# blocks it has no graph for eagerly
+GRAPHS_PER_BLOCK_KIND = 8
 
 
 class MALAConfigError(ValueError):
@@ -44,11 +49,13 @@ class MALA(BaseModule):
         norm_eval: keep every BatchNorm (SyncBN included) in eval mode while training.
         norm_cfg: norm of the stem and downsamples, e.g. dict(type='BN') or dict(type='SyncBN').
         with_cp: activation checkpointing in every block.
-        compile: run the stem and stages through ``torch.compile`` with ``fullgraph=True, dynamic=True`` (torch
-            >= 2.4): one graph for training and one for eval across input sizes, except that inductor's CPU code
-            adds one where a sum over tokens crosses 4096 elements (docs/dev/benchmarks.md). True, or a dict of further
-            ``torch.compile`` arguments (``mode``, ``backend``, ``options``; it may also override ``dynamic``).
-            Parameters and state dict are unchanged; tracing and export see the plain forward.
+        compile: run each block through ``torch.compile`` with ``fullgraph=True, dynamic=True`` (torch >= 2.4),
+            the stem, downsamples and output norms eagerly: one graph per kind of block (a stage's blocks, the
+            first one apart where stochastic depth drops the others) for training and one for eval, across input
+            sizes, except that inductor's CPU code adds one where a sum over tokens crosses 4096 elements
+            (docs/dev/benchmarks.md). True, or a dict of ``torch.compile`` arguments (``mode``, ``backend``,
+            ``options``, or ``dynamic`` and ``fullgraph`` in place of those above). Parameters and state dict are
+            unchanged; tracing and export see the plain forward.
         attn_impl: how the attention runs: 'triton' in fused Triton kernels (forward and backward, fp32
             arithmetic whatever the input's precision), 'torch' in torch operators, or 'auto' (default): Triton's
             for CUDA tensors where Triton is installed, torch's elsewhere. Traced, exported and compiled graphs
@@ -144,12 +151,17 @@ class MALA(BaseModule):
             if isinstance(module, nn.Conv2d):
                 module.weight = nn.Parameter(channels_last_strides(module.weight.detach()))
         self._freeze_stages()
-        self._compiled_features = self._compile_features(compile)
+        # the kinds of block a compiled function serves: a stage's blocks, and where stochastic depth is on, the first
+        # block of the first stage apart from the others (its rate is 0, so it has no DropPath)
+        self._block_kinds = num_stages + 1
+        self._compiled_block = self._compile_block(compile)
 
     @staticmethod
-    def _compile_features(compile: Union[bool, dict]):
-        """``MALA._features`` compiled as ``compile`` asks, or None. The function is compiled unbound and called with
-        the module, so that a deep copy of the module (an EMA model) runs its own parameters through it."""
+    def _compile_block(compile: Union[bool, dict]):
+        """:func:`call_block` compiled as ``compile`` asks, or None. One function serves every block: compiling
+        blocks, not the whole backbone, keeps the symbolic sizes of each graph those of one map (the backbone's
+        nest a ceiling division per stride-2 conv), and a stage's blocks share a graph. The block is an argument,
+        so that a deep copy of the module (an EMA model) runs its own parameters through it."""
         if compile is False:
             return None
         if not HAS_CUSTOM_OPS:
@@ -158,8 +170,9 @@ class MALA(BaseModule):
         if compile is not True and not isinstance(compile, dict):
             raise MALAConfigError(f'MALA: compile must be a bool or a dict of torch.compile arguments, '
                                   f'got {compile!r}')
-        options = dict(fullgraph=True, dynamic=True, **({} if compile is True else compile))
-        return torch.compile(MALA._features, **options)
+        options = dict(fullgraph=True, dynamic=True)
+        options.update({} if compile is True else compile)
+        return torch.compile(call_block, **options)
 
     @classmethod
     def _resolve_arch(cls, arch: Union[str, dict]) -> dict:
@@ -209,17 +222,18 @@ class MALA(BaseModule):
             raise ValueError(f'MALA expects a (B, {self.in_channels}, H, W) batch, got shape {tuple(x.shape)}')
         if x.shape[-1] == 0 or x.shape[-2] == 0:
             raise ValueError(f'MALA got an empty image batch of shape {tuple(x.shape)}; H and W must be >= 1')
-        if self._compiled_features is not None and not (torch.jit.is_tracing() or is_compiling()):
-            return self._compiled_features(self, x)
+        if self._compiled_block is not None and not (torch.jit.is_tracing() or is_compiling()):
+            with recompile_limit(GRAPHS_PER_BLOCK_KIND * self._block_kinds):
+                return self._features(x, self._compiled_block)
         return self._features(x)
 
-    def _features(self, x: Tensor) -> tuple:
+    def _features(self, x: Tensor, run_block: Callable = call_block) -> tuple:
         # channels-last throughout: depth-wise convs run about 3x faster on it than on NCHW, and elementwise ops
         # between maps of one layout several times faster than across layouts
         x = self.patch_embed(x.contiguous(memory_format=torch.channels_last))
         outs = []
         for i, stage in enumerate(self.layers):
-            out, x = stage(x)
+            out, x = stage(x, run_block)
             if i in self.out_indices:
                 # LayerNorm2d leaves channels-last strides; mmcv's RoIAlign and other compiled ops read their
                 # input as contiguous NCHW memory and would gather the wrong values from such a map

@@ -2,7 +2,7 @@
 
 Module and parameter names follow the released checkpoints so that their state dicts load unchanged.
 """
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.utils.checkpoint as cp
@@ -159,6 +159,12 @@ class MALABlock(nn.Module):
         return self._forward(x, rope)
 
 
+def call_block(block: MALABlock, x: Tensor, rope: Optional[RotaryTables]) -> Tensor:
+    """``block(x, rope)``: the function :class:`MALAStage` runs each block through, which ``torch.compile`` may
+    compile (``MALA(compile=...)``): one compiled function for every block of every stage."""
+    return block(x, rope)
+
+
 class MALAStage(nn.Module):
     """``depth`` blocks sharing one RoPE, then an optional downsample to the next stage's width.
 
@@ -180,9 +186,10 @@ class MALAStage(nn.Module):
             for rate in drop_paths)
         self.downsample = None if out_dims is None else ConvDownsample(embed_dims, out_dims, norm_cfg)
 
-    def forward(self, x: Tensor):
-        """x: (B, C, H, W). Returns the stage output (B, C, H, W) and its downsampled map (or None)."""
+    def forward(self, x: Tensor, run_block: Callable = call_block):
+        """x: (B, C, H, W); run_block: :func:`call_block` or a compiled version of it. Returns the stage output
+        (B, C, H, W) and its downsampled map (or None)."""
         rope = self.RoPE.tables(*x.shape[-2:], dtype=x.dtype)  # once per stage, also in a traced graph
         for block in self.blocks:
-            x = block(x, rope)
+            x = run_block(block, x, rope)
         return x, (None if self.downsample is None else self.downsample(x))

@@ -1,6 +1,6 @@
 """The torch queries the layers make, on every torch this package supports: 2.4 gave autocast's queries a device
 argument and custom operators (``torch.library.custom_op``), 2.3 named ``torch.compiler.is_compiling``; torch 2.1
-has the queries per device and under torch._dynamo."""
+has the queries per device and under torch._dynamo. Dynamo's ``cache_size_limit`` became ``recompile_limit`` in 2.7."""
 import torch
 
 _NEW_AUTOCAST_API = hasattr(torch, 'get_autocast_dtype')
@@ -44,3 +44,11 @@ def is_exporting() -> bool:
 def compiling_to_run() -> bool:
     """Whether torch.compile is tracing the code that asks to run it here, not torch.export to export it."""
     return is_compiling() and not is_exporting()
+
+
+def recompile_limit(limit: int):
+    """A context in which dynamo compiles one function for up to ``limit`` sets of guards (argument types, shapes,
+    grad mode) before it runs that function eagerly; dynamo's default is 8."""
+    import torch._dynamo  # loaded already by torch.compile, which a caller of this has called
+    config = torch._dynamo.config
+    return config.patch(**{'recompile_limit' if hasattr(config, 'recompile_limit') else 'cache_size_limit': limit})

@@ -1,5 +1,5 @@
-"""The compiled backbone, ``MALA(compile=...)``: one graph without breaks, equal to eager across training sizes and
-as close to fp32 as eager under autocast."""
+"""The compiled backbone, ``MALA(compile=...)``: one graph without breaks per kind of block, equal to eager across
+training sizes and as close to fp32 as eager under autocast."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,8 +10,10 @@ from mala_mm import MALA
 from mala_mm.models import MALAConfigError
 from mala_mm.models.layers.conv import Conv2d
 
-# the released layout of heads (1, 2, 4, 4 of width 16) at a width that compiles and runs in seconds
+# the released layout of heads (1, 2, 4, 4 of width 16) at a width that compiles and runs in seconds; its last two
+# stages have blocks alike (softmax attention, 64 channels, 4 heads), so it has three kinds of block
 NARROW = dict(embed_dims=[16, 32, 64, 64], depths=[1, 1, 1, 1], num_heads=[1, 2, 4, 4])
+NARROW_BLOCK_KINDS = 3
 # padded batch sizes of the 3x recipe's multi-scale training (short side 480..800 in steps of 32, long side <= 1333,
 # or a 384..600 crop resized so; padded to multiples of 32)
 RECIPE_SIZES = [(480, 736), (800, 1344), (576, 864), (704, 1056), (512, 512), (640, 1152)]
@@ -26,6 +28,13 @@ FP32_BOUND = 1e-4
 # how much further from fp32 the compiled model under bf16 autocast may be than the eager one: rounding happens at
 # other places in a compiled graph (measured: 1.00x for the outputs, 1.09x for the gradients)
 AUTOCAST_ERROR_RATIO = 1.5
+
+
+@pytest.fixture(autouse=True)
+def fresh_compiler():
+    """Every MALA runs its blocks through one function, whose graphs dynamo keeps across models: a model of an
+    earlier test with blocks alike would lend its graphs to the next, and the graphs counted would be fewer."""
+    torch.compiler.reset()
 
 
 def narrow_pair(compile, **kwargs):
@@ -78,23 +87,35 @@ def graphs_and_errors(eager, compiled, sizes):
 
 
 @pytest.mark.slow
-def test_compiled_backbone_traces_whole_once_and_matches_eager_across_the_recipe_sizes():
-    """Dynamo and AOTAutograd's graph with eager kernels (aot_eager): the six sizes share one graph for training and
-    one for eval, nothing in the model guards on the input's size."""
+def test_compiled_blocks_trace_once_per_kind_and_match_eager_across_the_recipe_sizes():
+    """Dynamo and AOTAutograd's graph with eager kernels (aot_eager): the six sizes share one graph per kind of
+    block for training and one for eval, nothing in the model guards on the input's size."""
     eager, compiled = narrow_pair(compile=dict(backend='aot_eager'))
     train_graphs, eval_graphs, errors = graphs_and_errors(eager, compiled, RECIPE_SIZES)
-    assert (train_graphs, eval_graphs) == (1, 1)
+    assert (train_graphs, eval_graphs) == (NARROW_BLOCK_KINDS, NARROW_BLOCK_KINDS)
     assert max(errors) < FP32_BOUND
 
 
 @pytest.mark.slow
-def test_inductor_compiles_one_graph_for_training_and_one_for_eval_that_match_eager():
+def test_inductor_compiles_one_graph_per_kind_of_block_for_training_and_for_eval_that_match_eager():
     """The default backend, inductor, as ``compile=True`` runs it: its generated code gives eager's outputs and
     gradients, and a second size reuses each graph."""
     eager, compiled = narrow_pair(compile=True, **TWO_STAGES)
     train_graphs, eval_graphs, errors = graphs_and_errors(eager, compiled, SMALL_SIZES)
-    assert (train_graphs, eval_graphs) == (1, 1)
+    assert (train_graphs, eval_graphs) == (2, 2)  # a MALA block and a softmax block
     assert max(errors) < FP32_BOUND
+
+
+@pytest.mark.slow
+def test_stochastic_depth_rates_share_the_graph_of_their_kind_of_block():
+    """Each block drops with its own rate; the rates enter the compiled graph as inputs, not as constants that would
+    compile a graph per block and, past dynamo's limit, run the rest eagerly. A stage's blocks share one graph, and
+    the first block (rate 0, no DropPath) has one of its own."""
+    torch.manual_seed(0)
+    compiled = MALA(arch=dict(NARROW, depths=[3, 2, 1, 1]), drop_path_rate=0.3, compile=dict(backend='aot_eager'))
+    counters.clear()
+    loss_and_grads(compiled.train(), torch.randn(2, 3, 64, 96))
+    assert counters['stats']['unique_graphs'] == NARROW_BLOCK_KINDS + 1
 
 
 @pytest.mark.slow
@@ -153,6 +174,17 @@ def test_compiled_convolution_keeps_one_graph_across_sizes():
 def test_compile_argument_is_checked():
     with pytest.raises(MALAConfigError, match='compile must be a bool or a dict'):
         MALA(arch=NARROW, compile='yes')
+
+
+@pytest.mark.slow
+def test_compile_arguments_replace_the_defaults():
+    """``dynamic`` and ``fullgraph`` given in ``compile`` take the place of the defaults: static sizes compile one
+    graph per kind of block and size of its map, so the two softmax stages' blocks, alike but for the size of their
+    maps, take a graph each: four at each input size."""
+    eager, compiled = narrow_pair(compile=dict(backend='aot_eager', dynamic=False))
+    train_graphs, eval_graphs, errors = graphs_and_errors(eager, compiled, SMALL_SIZES)
+    assert (train_graphs, eval_graphs) == (4 * len(SMALL_SIZES), 4 * len(SMALL_SIZES))
+    assert max(errors) < FP32_BOUND
 
 
 def test_tracing_for_export_sees_the_plain_model():
