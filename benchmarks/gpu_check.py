@@ -23,7 +23,8 @@ from attention_op import measure as attention_cost
 from backbone import measure as backbone_speed
 from backbone import step as backbone_step
 from backbone import swin_tiny
-from common import RESULTS_DIR, device_name, exact_fp32, markdown_table, peak_mib, time_ms, write_results
+from common import (RESULTS_DIR, device_name, exact_fp32, markdown_table, peak_mib, synchronize, time_ms,
+                    write_results)
 from dense_step import build, fake_batch
 from device_check import fixture_errors
 from mala_mm import MALA
@@ -232,49 +233,57 @@ def dense(args, device) -> Table:
 def compiled(args, device) -> Table:
     """``MALA(compile=True)`` against eager, for COMPILED_ARCH: the first call's time (the compilation), the time
     of a step, the largest difference of the outputs (fp32, TF32 off), and the graphs compiled for the input and
-    SECOND_COMPILED_SIZE together (1 where sizes share a graph), in eval, and in a train step except with --quick
-    (its compilation takes minutes on a CPU)."""
+    SECOND_COMPILED_SIZE together (one per kind of block where sizes share their graphs), in eval, and in a train
+    step except with --quick (its compilation takes minutes on a CPU). On CUDA also eval with CUDA graphs
+    (``mode='reduce-overhead'``), which replay a block's kernels without launching each from Python."""
     height, width = SIZES[args.sizes]['detection']
     arch = COMPILED_ARCH[args.sizes]
     model = MALA(arch=arch, drop_path_rate=0.0).to(device)  # no random drop: eager and compiled see one function
     model.init_weights()
-    fast = MALA(arch=arch, drop_path_rate=0.0, compile=True).to(device)
-    fast.load_state_dict(model.state_dict())
     x = torch.randn(1, 3, height, width, device=device)
     second_x = torch.randn(1, 3, *SECOND_COMPILED_SIZE[args.sizes], device=device)
+    variants = [('default', True, (False, True)[:1 if args.sizes == 'quick' else 2])]
+    if device.type == 'cuda':
+        variants.append(('reduce-overhead', dict(mode='reduce-overhead'), (False,)))
     rows = []
-    for train in (False, True)[:1 if args.sizes == 'quick' else 2]:
-        model.train(train)
-        fast.train(train)
+    for compile_mode, compile, train_modes in variants:
+        fast = MALA(arch=arch, drop_path_rate=0.0, compile=compile).to(device)
+        fast.load_state_dict(model.state_dict())
+        for train in train_modes:
+            model.train(train)
+            fast.train(train)
 
-        def run(m, x=x):
-            with torch.set_grad_enabled(train):
-                outputs = m(x)
-                if train:
-                    m.zero_grad()
-                    sum(out.mean() for out in outputs).backward()
-            return [out.detach() for out in outputs]
+            def run(m, x=x):
+                with torch.set_grad_enabled(train):
+                    outputs = m(x)
+                    if train:
+                        m.zero_grad()
+                        sum(out.mean() for out in outputs).backward()
+                return [out.detach().clone() for out in outputs]  # CUDA graphs reuse their outputs' memory
 
-        row = dict(arch=str(arch), mode='train step' if train else 'eval', input=f'{width}x{height}')
-        rows.append(row)
-        with exact_fp32():
-            started = time.perf_counter()
-            graphs_before = counters['stats']['unique_graphs']
-            try:
-                ours = run(fast)
-            except Exception as err:  # a compiler failure is this phase's finding, not the end of the check
-                row['error'] = f'{type(err).__name__}: {str(err).strip().splitlines()[0]}'
-                continue
-            row['compile_s'] = time.perf_counter() - started
-            eager = run(model)
-            row['max_abs_difference'] = max((a - b).abs().max().item() for a, b in zip(ours, eager))
-            row['eager_ms'], row['compiled_ms'] = (
-                time_ms(lambda: run(m), device, warmup=0, repeats=REPEATS[args.sizes]) for m in (model, fast))
-            run(fast, second_x)
-            row['graphs, 2 sizes'] = counters['stats']['unique_graphs'] - graphs_before
-        row['speed-up'] = row['eager_ms'] / row['compiled_ms']
-    return rows, ['arch', 'mode', 'input', 'compile_s', 'eager_ms', 'compiled_ms', 'speed-up', 'max_abs_difference',
-                  'graphs, 2 sizes', 'error']
+            row = dict(arch=str(arch), compile_mode=compile_mode, mode='train step' if train else 'eval',
+                       input=f'{width}x{height}')
+            rows.append(row)
+            with exact_fp32():
+                started = time.perf_counter()
+                graphs_before = counters['stats']['unique_graphs']
+                try:
+                    ours = run(fast)
+                    synchronize(device)
+                except Exception as err:  # a compiler failure is this phase's finding, not the end of the check
+                    row['error'] = f'{type(err).__name__}: {str(err).strip().splitlines()[0]}'
+                    continue
+                row['compile_s'] = time.perf_counter() - started
+                eager = run(model)
+                row['max_abs_difference'] = max((a - b).abs().max().item() for a, b in zip(ours, eager))
+                # two untimed steps more: CUDA graphs record on the second call and replay from the third
+                row['eager_ms'], row['compiled_ms'] = (
+                    time_ms(lambda: run(m), device, warmup=2, repeats=REPEATS[args.sizes]) for m in (model, fast))
+                run(fast, second_x)
+                row['graphs, 2 sizes'] = counters['stats']['unique_graphs'] - graphs_before
+            row['speed-up'] = row['eager_ms'] / row['compiled_ms']
+    return rows, ['arch', 'compile_mode', 'mode', 'input', 'compile_s', 'eager_ms', 'compiled_ms', 'speed-up',
+                  'max_abs_difference', 'graphs, 2 sizes', 'error']
 
 
 def install(args, device) -> Table:
