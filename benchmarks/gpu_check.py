@@ -11,6 +11,7 @@ the default sizes are the papers' (1280x800 detection, 512x2048 segmentation), a
     python benchmarks/gpu_check.py [--device cuda] [--quick] [--out DIR] [--only PHASE ...] [--skip PHASE ...]
 """
 import argparse
+import contextlib
 import json
 import os
 import time
@@ -230,41 +231,52 @@ def dense(args, device) -> Table:
                   'steps skipped', 'train step ms', 'train MiB']
 
 
+def compile_variants(args, device) -> List[Tuple[str, object, str, Tuple[bool, ...]]]:
+    """The compile phase's rows: (compile mode, ``compile`` argument, precision, train flags). fp32 with TF32 off
+    checks inductor's code against eager's to the last bits; on CUDA the paper recipes' AMP (fp16 autocast), as
+    GPU users train and test, with the default mode and with CUDA graphs (``mode='reduce-overhead'``), which replay
+    a block's kernels without launching each from Python."""
+    modes = (False, True)[:1 if args.sizes == 'quick' else 2]
+    if device.type != 'cuda':
+        return [('default', True, 'fp32', modes)]
+    return [('default', True, 'fp32', (False,)), ('default', True, 'fp16', modes),
+            ('reduce-overhead', dict(mode='reduce-overhead'), 'fp16', modes)]
+
+
 def compiled(args, device) -> Table:
-    """``MALA(compile=True)`` against eager, for COMPILED_ARCH: the first call's time (the compilation), the time
-    of a step, the largest difference of the outputs (fp32, TF32 off), and the graphs compiled for the input and
-    SECOND_COMPILED_SIZE together (one per kind of block where sizes share their graphs), in eval, and in a train
-    step except with --quick (its compilation takes minutes on a CPU). On CUDA also eval with CUDA graphs
-    (``mode='reduce-overhead'``), which replay a block's kernels without launching each from Python."""
+    """``MALA(compile=...)`` against the eager model, for COMPILED_ARCH, in each of ``compile_variants``: the first
+    call's time (the compilation), the time of a step, the largest difference of the outputs (absolute, and
+    relative to the largest output), and the graphs compiled for the input and SECOND_COMPILED_SIZE together (one
+    per kind of block where sizes share their graphs). A train step is left out with --quick (its compilation takes
+    minutes on a CPU)."""
     height, width = SIZES[args.sizes]['detection']
     arch = COMPILED_ARCH[args.sizes]
     model = MALA(arch=arch, drop_path_rate=0.0).to(device)  # no random drop: eager and compiled see one function
     model.init_weights()
     x = torch.randn(1, 3, height, width, device=device)
     second_x = torch.randn(1, 3, *SECOND_COMPILED_SIZE[args.sizes], device=device)
-    variants = [('default', True, (False, True)[:1 if args.sizes == 'quick' else 2])]
-    if device.type == 'cuda':
-        variants.append(('reduce-overhead', dict(mode='reduce-overhead'), (False,)))
     rows = []
-    for compile_mode, compile, train_modes in variants:
+    for compile_mode, compile, precision, train_modes in compile_variants(args, device):
+        torch.compiler.reset()  # each variant's compile time from dynamo's empty cache
         fast = MALA(arch=arch, drop_path_rate=0.0, compile=compile).to(device)
         fast.load_state_dict(model.state_dict())
+        dtype = AUTOCAST[precision]
         for train in train_modes:
             model.train(train)
             fast.train(train)
 
             def run(m, x=x):
-                with torch.set_grad_enabled(train):
+                with torch.set_grad_enabled(train), torch.autocast(device.type, dtype=dtype, enabled=bool(dtype)):
                     outputs = m(x)
                     if train:
                         m.zero_grad()
-                        sum(out.mean() for out in outputs).backward()
-                return [out.detach().clone() for out in outputs]  # CUDA graphs reuse their outputs' memory
+                        sum(out.float().mean() for out in outputs).backward()
+                return [out.detach().to(torch.float32, copy=True) for out in outputs]  # CUDA graphs reuse memory
 
-            row = dict(arch=str(arch), compile_mode=compile_mode, mode='train step' if train else 'eval',
-                       input=f'{width}x{height}')
+            row = dict(arch=str(arch), compile_mode=compile_mode, precision=precision,
+                       mode='train step' if train else 'eval', input=f'{width}x{height}')
             rows.append(row)
-            with exact_fp32():
+            with exact_fp32() if precision == 'fp32' else contextlib.nullcontext():
                 started = time.perf_counter()
                 graphs_before = counters['stats']['unique_graphs']
                 try:
@@ -275,15 +287,17 @@ def compiled(args, device) -> Table:
                     continue
                 row['compile_s'] = time.perf_counter() - started
                 eager = run(model)
-                row['max_abs_difference'] = max((a - b).abs().max().item() for a, b in zip(ours, eager))
+                difference = max((a - b).abs().max().item() for a, b in zip(ours, eager))
+                row['max_abs_difference'] = difference
+                row['relative_difference'] = difference / max(out.abs().max().item() for out in eager)
                 # two untimed steps more: CUDA graphs record on the second call and replay from the third
                 row['eager_ms'], row['compiled_ms'] = (
                     time_ms(lambda: run(m), device, warmup=2, repeats=REPEATS[args.sizes]) for m in (model, fast))
                 run(fast, second_x)
                 row['graphs, 2 sizes'] = counters['stats']['unique_graphs'] - graphs_before
             row['speed-up'] = row['eager_ms'] / row['compiled_ms']
-    return rows, ['arch', 'compile_mode', 'mode', 'input', 'compile_s', 'eager_ms', 'compiled_ms', 'speed-up',
-                  'max_abs_difference', 'graphs, 2 sizes', 'error']
+    return rows, ['arch', 'compile_mode', 'precision', 'mode', 'input', 'compile_s', 'eager_ms', 'compiled_ms',
+                  'speed-up', 'max_abs_difference', 'relative_difference', 'graphs, 2 sizes', 'error']
 
 
 def install(args, device) -> Table:
