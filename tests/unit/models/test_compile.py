@@ -1,5 +1,7 @@
 """The compiled backbone, ``MALA(compile=...)``: one graph without breaks per kind of block, equal to eager across
 training sizes and as close to fp32 as eager under autocast."""
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -116,6 +118,25 @@ def test_stochastic_depth_rates_share_the_graph_of_their_kind_of_block():
     counters.clear()
     loss_and_grads(compiled.train(), torch.randn(2, 3, 64, 96))
     assert counters['stats']['unique_graphs'] == NARROW_BLOCK_KINDS + 1
+
+
+@pytest.mark.slow
+def test_a_deep_copy_runs_its_own_parameters_through_the_same_graphs():
+    """mmengine's EMA hook deep-copies the model and averages the copy's parameters: the copy's compiled blocks
+    must read its parameters, not the graphs' first model's, and need no graphs of their own."""
+    eager, compiled = narrow_pair(compile=dict(backend='aot_eager'))
+    x = torch.randn(2, 3, 64, 96)
+    with torch.no_grad():
+        compiled.eval()(x)
+        graphs = counters['stats']['unique_graphs']
+        average = copy.deepcopy(compiled)
+        for parameter in average.parameters():
+            parameter.mul_(0.9)
+        eager.load_state_dict(average.state_dict())
+        ours, expected = average(x), eager.eval()(x)
+        assert relative_error(ours, expected) < FP32_BOUND
+        assert relative_error(compiled(x), ours) > 1e-2  # the copy's parameters made a difference
+    assert counters['stats']['unique_graphs'] == graphs
 
 
 @pytest.mark.slow
