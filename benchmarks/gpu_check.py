@@ -167,10 +167,25 @@ def launches(args, device) -> Table:
                 wall_ms = (time.perf_counter() - started) * 1e3
             kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
             busy_ms = sum(e.device_time_total for e in kernels) / 1e3
+            # a second step with the operators recorded too, apart: recording them slows the step timed above
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as by_operator:
+                run()
+                torch.cuda.synchronize(device)
             rows.append({'model': name, 'mode': 'train step' if train else 'eval', 'kernels': len(kernels),
-                         'GPU busy ms': busy_ms, 'wall ms (profiled)': wall_ms, 'busy/wall': busy_ms / wall_ms})
+                         'GPU busy ms': busy_ms, 'wall ms (profiled)': wall_ms, 'busy/wall': busy_ms / wall_ms,
+                         'most called launching operators': most_called_launchers(by_operator)})
         model.cpu()
-    return rows, ['model', 'mode', 'kernels', 'GPU busy ms', 'wall ms (profiled)', 'busy/wall']
+    return rows, ['model', 'mode', 'kernels', 'GPU busy ms', 'wall ms (profiled)', 'busy/wall',
+                  'most called launching operators']
+
+
+def most_called_launchers(prof, top: int = 8) -> str:
+    """The ATen operators that launched GPU kernels themselves, the most called first, as ``name calls``: where
+    the launches of a step go (casts, elementwise ops, convolutions). Triton's kernels, launched from Python, are
+    no ATen operator and are not among them."""
+    launchers = [e for e in prof.key_averages() if e.self_device_time_total > 0 and e.key.startswith('aten::')]
+    launchers.sort(key=lambda e: e.count, reverse=True)
+    return ', '.join(f'{e.key[len("aten::"):]} {e.count}' for e in launchers[:top])
 
 
 def optim_wrapper_for(cfg, model, device):
