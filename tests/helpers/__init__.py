@@ -82,6 +82,14 @@ def free_port() -> str:
         return str(s.getsockname()[1])
 
 
+def git_env(home) -> dict:
+    """The environment of a git command in a test: no user or system configuration of this machine (no excludes,
+    hooks or templates of its own), ``home`` as HOME, and an author and committer for commits."""
+    return {**os.environ, 'HOME': str(home), 'XDG_CONFIG_HOME': str(home), 'GIT_CONFIG_NOSYSTEM': '1',
+            'GIT_CONFIG_GLOBAL': os.devnull, 'GIT_AUTHOR_NAME': 'Test', 'GIT_AUTHOR_EMAIL': 'test@example.com',
+            'GIT_COMMITTER_NAME': 'Test', 'GIT_COMMITTER_EMAIL': 'test@example.com'}
+
+
 def config_with_hooks(path, base: str, hooks, *lines: str) -> str:
     """Write, at ``path``, the config ``base`` with ``hooks`` (config source of hook dicts) as its custom hooks,
     the hooks of tests/helpers/fault_injection.py registered (the run has HELPERS_DIR on its PYTHONPATH), and any
