@@ -1,11 +1,13 @@
 """The repository as a place to work: docs/dev/layout.md names every module and script there is and no other.
-The commit messages' rule, which needs the history, is checked by tools/check_commits.py (.ci/run;
-docs/dev/commits.md)."""
+
+The files are read from the file system (mala_tools.source_tree: what the .gitignore leaves), not from git, so
+that this holds in a shallow clone and a source archive as in a full clone. The commit messages' rule, which
+needs the history, is checked by tools/check_commits.py (.ci/run; docs/dev/commits.md)."""
 import os
 import re
-import subprocess
 
 from tests.helpers import ROOT
+from mala_tools.source_tree import source_files
 
 LAYOUT = os.path.join(ROOT, 'docs', 'dev', 'layout.md')
 # the folders whose every module and script the layout names: its unit of description
@@ -34,10 +36,9 @@ def layout_paths(text: str):
 
 def test_the_layout_names_every_module_and_script_and_nothing_else():
     named = layout_paths(open(LAYOUT).read())
-    tracked = subprocess.run(['git', 'ls-files'], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    present = {path for path in tracked.split() if path.startswith(DESCRIBED) and path.endswith(('.py', '.sh'))
+    present = {path for path in source_files(ROOT) if path.startswith(DESCRIBED) and path.endswith(('.py', '.sh'))
                and not path.endswith('__init__.py')}
-    assert present, 'git ls-files listed no module'
+    assert present, f'no module found under {ROOT}'
     missing = sorted(present - {path for path in named if not path.endswith('/')})
     assert not missing, f'docs/dev/layout.md does not name {missing}'
     stale = [path for path in named if not os.path.exists(os.path.join(ROOT, path))]

@@ -8,8 +8,9 @@ The bundle is one folder, made where PyPI is reachable, for one Python version a
                             versions of the environment the bundle is made from (the tested .venv), mmcv's sdist
                             (it has no wheels: it is built on the node against the node's torch), and the wheels of
                             mala_mm and of its tools' mala_tools (tools/setup.py)
-    BUNDLE/source/          this repository's tracked files: configs, benchmarks (gpu_check.py), the test
-                            fixture, and tools/setup_env.sh, whose functions build mmcv
+    BUNDLE/source/          this repository's files (less what .gitignore names: mala_tools/source_tree.py):
+                            configs, benchmarks (gpu_check.py), the test fixture, and tools/setup_env.sh, whose
+                            functions build mmcv
     BUNDLE/mmcv/            with ``mmcv_wheel``: a prebuilt mmcv wheel for the node's torch and Python (a CUDA
                             build made without a GPU by tools/setup_env.sh), which the install takes instead of
                             building mmcv, where it works there
@@ -31,6 +32,7 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 
 from .errors import ToolError
+from .source_tree import source_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # what the stack needs beyond torch and mmcv (setup.py's install_requires), with the build tools of mmcv's build
@@ -146,14 +148,10 @@ def _run(command: List[str], what: str, env: Dict[str, str] = None) -> None:
 
 
 def copy_source(dest: str) -> None:
-    """The repository's tracked files (``git ls-files``) into ``dest``."""
-    listing = subprocess.run(['git', '-C', ROOT, 'ls-files', '-z'], capture_output=True, text=True)
-    if listing.returncode:
-        raise ToolError(f'the bundle copies the tracked files of a git checkout; {ROOT}: {listing.stderr.strip()}')
-    for path in filter(None, listing.stdout.split('\0')):
-        if os.path.isfile(os.path.join(ROOT, path)):  # a tracked file deleted in the work tree is left out
-            os.makedirs(os.path.dirname(os.path.join(dest, path)), exist_ok=True)
-            shutil.copy2(os.path.join(ROOT, path), os.path.join(dest, path))
+    """The repository's files (those its .gitignore files leave: a clone's, an archive's) into ``dest``."""
+    for path in source_files(ROOT):
+        os.makedirs(os.path.dirname(os.path.join(dest, path)), exist_ok=True)
+        shutil.copy2(os.path.join(ROOT, path), os.path.join(dest, path))
 
 
 def folder_mib(folder: str) -> float:
