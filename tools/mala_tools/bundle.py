@@ -32,7 +32,7 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 
 from .errors import ToolError
-from .source_tree import source_files
+from .source_tree import copy_source_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # what the stack needs beyond torch and mmcv (setup.py's install_requires), with the build tools of mmcv's build
@@ -147,13 +147,6 @@ def _run(command: List[str], what: str, env: Dict[str, str] = None) -> None:
         raise ToolError(f'{what} failed: {(result.stderr or result.stdout).strip()}')
 
 
-def copy_source(dest: str) -> None:
-    """The repository's files (those its .gitignore files leave: a clone's, an archive's) into ``dest``."""
-    for path in source_files(ROOT):
-        os.makedirs(os.path.dirname(os.path.join(dest, path)), exist_ok=True)
-        shutil.copy2(os.path.join(ROOT, path), os.path.join(dest, path))
-
-
 def folder_mib(folder: str) -> float:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(folder) for f in files) / 2**20
 
@@ -191,7 +184,7 @@ def make_bundle(out: str, python: str, platforms: Sequence[str] = DEFAULT_PLATFO
         os.makedirs(os.path.join(out, 'mmcv'))
         shutil.copy2(mmcv_wheel, os.path.join(out, 'mmcv'))
     source = os.path.join(out, 'source')
-    copy_source(source)
+    copy_source_files(ROOT, source)
     for project, name in ((source, 'mala_mm'), (os.path.join(source, 'tools'), 'mala_mm_tools')):
         _run([sys.executable, '-m', 'pip', 'wheel', '--disable-pip-version-check', '--quiet', '--no-deps',
               '--no-build-isolation', '--wheel-dir', wheels, project], f"building {name}'s wheel")

@@ -1,10 +1,11 @@
 """The repository's files read from the file system: those its ``.gitignore`` files leave, as git would list them.
 
 A source archive (``git archive``) or a copy has no ``.git`` to ask, and a shallow clone has no history; the
-layout test and the offline bundle read the tree here instead, so that they see the same files in a full clone,
-a shallow one and an archive. What this leaves out is what the ``.gitignore`` files name (``.venv/``,
-``__pycache__/``, ``*.egg-info/``, ``/work_dirs/``, ``/data/``, checkpoints) and ``.git`` itself; a file not
-yet added to git is listed like a committed one, as ``git archive`` of a commit that adds it would hold it.
+layout test, the offline bundle's copy of the source and the copies that tests/tools/test_checkouts.py makes read
+the tree here instead, so that they see the same files in a full clone, a shallow one and an archive. What this
+leaves out is what the ``.gitignore`` files name (``.venv/``, ``__pycache__/``, ``*.egg-info/``, ``/work_dirs/``,
+``/data/``, checkpoints) and ``.git`` itself; a file not yet added to git is listed like a committed one, as
+``git archive`` of a commit that adds it would hold it.
 
 The patterns are read as gitignore(5) reads them: ``#`` comments, ``!`` negation (the last matching pattern
 decides), a trailing ``/`` for folders alone, a pattern with a ``/`` before its end anchored to its
@@ -14,6 +15,7 @@ a backslash, trailing spaces, ``.git/info/exclude`` and the user's global exclud
 """
 import os
 import re
+import shutil
 from typing import List, NamedTuple
 
 
@@ -97,3 +99,10 @@ def source_files(root: str) -> List[str]:
             rules_by_folder[prefix + name + '/'] = rules
         found += [prefix + name for name in files if name != '.git' and not is_ignored(rules, prefix + name, False)]
     return sorted(found)
+
+
+def copy_source_files(root: str, dest: str) -> None:
+    """The files ``source_files`` lists under ``root`` copied into ``dest``, in their folders."""
+    for path in source_files(root):
+        os.makedirs(os.path.dirname(os.path.join(dest, path)), exist_ok=True)
+        shutil.copy2(os.path.join(root, path), os.path.join(dest, path))
