@@ -7,6 +7,7 @@ that the tests behave alike on machines with and without GPUs."""
 import os
 import os.path as osp
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -22,7 +23,7 @@ from tests.helpers import ROOT, call_tool, run_tool, tool_env
 
 DET_CONFIG = osp.join(ROOT, 'configs/detection/mask_rcnn_mala_t_builtin.py')
 SEG_CONFIG = osp.join(ROOT, 'configs/segmentation/upernet_mala_t_builtin.py')
-FIRST_LINE = re.compile(r'\[mala_mm\] python: (?P<python>\S+) \(torch (?P<torch>\S+), (?P<cuda>[^)]+)\), '
+FIRST_LINE = re.compile(r'\[mala_mm\] python: (?P<python>.+?) \(torch (?P<torch>\S+), (?P<cuda>[^)]+)\), '
                         r'chosen by (?P<reason>.+)')
 
 
@@ -35,7 +36,7 @@ def executable(path, text: str) -> str:
 
 def python_wrapper(path) -> str:
     """An interpreter at ``path`` that is this test's interpreter, as a venv's bin/python would be."""
-    return executable(path, f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    return executable(path, f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
 
 
 def fake_nvidia_smi(path, gpus: int) -> str:
@@ -55,7 +56,8 @@ def fake_torch_interpreter(path, torch_version: str, cuda: str, gpus: int) -> st
         f'class cuda:\n    is_available = staticmethod(lambda: {gpus} > 0)\n'
         f'    device_count = staticmethod(lambda: {gpus})\n'
         f'    def init():\n        raise RuntimeError("Found no NVIDIA driver on your system.")\n')
-    return executable(path, f'#!/bin/sh\nPYTHONPATH={stand_in.parent}:$PYTHONPATH exec {sys.executable} "$@"\n')
+    return executable(path, f'#!/bin/sh\nPYTHONPATH={shlex.quote(str(stand_in.parent))}:$PYTHONPATH '
+                            f'exec {shlex.quote(sys.executable)} "$@"\n')
 
 
 def cpu_torch(tmp_path) -> str:
@@ -452,7 +454,7 @@ def test_one_node_without_port_lets_torchrun_choose_a_free_port(tmp_path, variab
     """The torchrun arguments of tools/dist_checks.sh's launch: on one node without PORT, --standalone (a free
     port, so that two jobs on one machine both start); with several nodes or PORT, the nodes' meeting point."""
     echo_python = executable(tmp_path / 'python', '#!/bin/sh\necho "$@"\n')
-    result = subprocess.run(['bash', '-c', f'source {ROOT}/tools/dist_checks.sh && launch 2 train.py CONFIG'],
+    result = subprocess.run(['bash', '-c', f'source "{ROOT}/tools/dist_checks.sh" && launch 2 train.py CONFIG'],
                             env=launcher_env(tmp_path, PYTHON=echo_python, **variables), capture_output=True,
                             text=True)
     assert result.returncode == 0, result.stderr
