@@ -116,7 +116,8 @@ done <<< "$stand_ins"
 torch_before="$("$PY" -W ignore -c 'import torch; print(torch.__version__, torch.__file__)')"
 say "installing into ${target:-the environment of $PY} (torch ${torch_before%% *}, left as it is)"
 if [[ -n "$target" || -n "$stand_ins" ]]; then
-    pip_install $(ls "$BUNDLE"/wheels/*.whl | grep -v '/mala_mm\(_tools\)\?-')
+    mapfile -t wheels < <(ls "$BUNDLE"/wheels/*.whl | grep -v '/mala_mm\(_tools\)\?-')
+    pip_install "${wheels[@]}"
 else
     mapfile -t roots < <("$PY" -c 'import json, sys; print(*json.load(open(sys.argv[1]))["roots"], sep="\n")' \
                                 "$BUNDLE/bundle.json")
