@@ -1,4 +1,5 @@
-"""The repository as a place to work: docs/dev/layout.md names every module and script there is and no other.
+"""The repository as a place to work: docs/dev/layout.md names every module and script there is and no other, and
+CI's script runs on any machine.
 
 The files are read from the file system (mala_tools.source_tree: what the .gitignore leaves), not from git, so
 that this holds in a shallow clone and a source archive as in a full clone. The commit messages' rule, which
@@ -43,3 +44,11 @@ def test_the_layout_names_every_module_and_script_and_nothing_else():
     assert not missing, f'docs/dev/layout.md does not name {missing}'
     stale = [path for path in named if not os.path.exists(os.path.join(ROOT, path))]
     assert not stale, f'docs/dev/layout.md names what is not there: {stale}'
+
+
+def test_ci_names_no_path_of_a_machine():
+    """.ci/run's paths are the repository's, relative to it, or come from the environment (MMCV_WHEEL_DIR)."""
+    with open(os.path.join(ROOT, '.ci', 'run')) as f:
+        code = [line for line in f.read().splitlines() if not line.lstrip().startswith('#')]
+    absolute = [line for line in code if re.search(r'(?<![\w.}])/(?!dev/null\b)\w', line)]
+    assert code and not absolute, absolute
