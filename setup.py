@@ -1,8 +1,14 @@
+import os
+import runpy
+
 from setuptools import find_packages, setup
+
+# read, not imported: importing the package imports torch, which a build environment need not have
+VERSION_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'mala_mm', 'version.py')
 
 setup(
     name='mala_mm',
-    version='0.1.0',
+    version=runpy.run_path(VERSION_FILE)['__version__'],
     description='MALA (Magnitude-Aware Linear Attention) backbones for MMDetection and MMSegmentation',
     long_description=open('README.md', encoding='utf-8').read(),
     long_description_content_type='text/markdown',

@@ -9,7 +9,6 @@ and the CPU mixed-precision optim wrapper (:mod:`mala_mm.engine`) by the configs
 (:mod:`mala_mm.export`) by the tools, whose own shared code (``tools/mala_tools``) is not part of this package.
 """
 from .models import MALA
-
-__version__ = '0.1.0'
+from .version import __version__
 
 __all__ = ['MALA', '__version__']
