@@ -1,10 +1,11 @@
 """A misspelt config key stops the tools with one line naming it and the key meant; every shipped config, and
 every base config it inherits, passes the check."""
+import ast
+import importlib.util
 import os.path as osp
 from pathlib import Path
 
 import pytest
-from mmengine.config import Config
 
 from tests.helpers import ROOT, call_tool, load_config
 from mala_tools.checks import config_keys
@@ -17,12 +18,35 @@ def _shipped_configs():
     return sorted(str(path) for task in ('detection', 'segmentation') for path in (CONFIG_ROOT / task).glob('*.py'))
 
 
+def _bases(path: str) -> list:
+    """The base configs that the config at ``path`` names in ``_base_`` (a string or a list of them), as written."""
+    for statement in ast.parse(Path(path).read_text()).body:
+        if isinstance(statement, ast.Assign) and any(isinstance(target, ast.Name) and target.id == '_base_'
+                                                     for target in statement.targets):
+            bases = ast.literal_eval(statement.value)
+            return [bases] if isinstance(bases, str) else list(bases)
+    return []
+
+
+def _base_path(base: str, path: str) -> tuple:
+    """(file, scope) of ``base``, named in the config at ``path``: ``mmdet::x`` is ``x`` among the configs that the
+    mmdet package ships (in its ``.mim/configs``, where mmengine reads them), with the scope mmdet; anything else
+    is relative to the config's folder, with no scope of its own."""
+    scope, separator, relative = base.rpartition('::')
+    if separator:
+        package, = importlib.util.find_spec(scope).submodule_search_locations
+        base_path = osp.join(package, '.mim', 'configs', relative)
+    else:
+        base_path, scope = osp.normpath(osp.join(osp.dirname(path), base)), None
+    assert osp.isfile(base_path), f'{path}: base config {base!r} is not at {base_path}'
+    return base_path, scope
+
+
 def _inherited(path: str, scope: str, found: dict) -> None:
     """Add to ``found`` the base configs ``path`` inherits, at any depth, with the library whose registries
     resolve their types: the one named in ``mmdet::``/``mmseg::``, else that of the config inheriting them."""
-    for base in Config._get_base_files(path):
-        base_path, base_scope = Config._get_cfg_path(base, path)
-        base_path = osp.normpath(base_path)
+    for base in _bases(path):
+        base_path, base_scope = _base_path(base, path)
         if base_path not in found:
             found[base_path] = base_scope or scope
             _inherited(base_path, found[base_path], found)
