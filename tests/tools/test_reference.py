@@ -1,11 +1,11 @@
 """The explicit reference (mala_tools.reference), the tests' oracle and the benchmarks' baseline: its two evaluation
 orders of MALA agree, and its backbone reproduces the release's outputs and agrees with the model.
 
-Errors are max |ours - expected| / max |expected| per output, as in test_mixed_precision.py. Between the image and
-the last output of the fixture's arch lie 13 layers computed in fp32 (the stem's 4 convs, 6 blocks, 3
-downsamples); each rounds its output to about one fp32 epsilon of its scale, and the residual stream and the
-LayerNorms carry these errors on to the outputs. One fp32 evaluation is thus within about 13 epsilons of the exact
-function, and two fp32 evaluations (the release's and ours) within 26 of each other.
+Errors are max |ours - expected| / max |expected| per output, as in tests/unit/models/test_mixed_precision.py.
+Between the image and the last output of the fixture's arch lie 13 layers computed in fp32 (the stem's 4 convs, 6
+blocks, 3 downsamples); each rounds its output to about one fp32 epsilon of its scale, and the residual stream and
+the LayerNorms carry these errors on to the outputs. One fp32 evaluation is thus within about 13 epsilons of the
+exact function, and two fp32 evaluations (the release's and ours) within 26 of each other.
 """
 import os
 
