@@ -234,6 +234,23 @@ def test_slurm_launchers_check_the_interpreter_before_submitting(tmp_path):
     assert re.search(r'error: \S+ has 8 NVIDIA GPUs', result.stderr), result.stderr
 
 
+@pytest.mark.parametrize('tool, args, expected', [
+    ('slurm_train.sh', ['CONFIG', 'WORK'], ['train.py', 'CONFIG', '--work-dir=WORK', '--launcher=slurm', '--amp']),
+    ('slurm_test.sh', ['CONFIG', 'CKPT'], ['test.py', 'CONFIG', 'CKPT', '--launcher=slurm', '--amp']),
+])
+def test_slurm_launchers_start_one_task_per_gpu(tmp_path, tool, args, expected):
+    # an srun that prints what it was asked to run
+    fake_srun = executable(tmp_path / 'bin' / 'srun', '#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    result = run_tool([tool, 'gpu-partition', 'job', *args, '--amp'], cwd=tmp_path,
+                      PATH=f'{osp.dirname(fake_srun)}:{os.environ["PATH"]}', GPUS='16', SRUN_ARGS='--time=1:00:00')
+    assert result.returncode == 0, result.stderr
+    srun_args = result.stdout.split('\n')
+    assert srun_args[:8] == ['--kill-on-bad-exit=1', '-p', 'gpu-partition', '--job-name=job', '--gres=gpu:8',
+                             '--ntasks=16', '--ntasks-per-node=8', '--cpus-per-task=5']
+    assert srun_args[8:10] == ['--time=1:00:00', sys.executable]
+    assert srun_args[11] == osp.join(ROOT, 'tools', expected[0]) and srun_args[12:-1] == expected[1:]
+
+
 @pytest.mark.slow  # a training run
 def test_launchers_run_the_repository_venv_from_a_new_shell(builtin_workspace, tmp_path):
     """In a new shell (PYTHON unset, no environment active) whose `python` has no torch, dist_train.sh still
