@@ -42,8 +42,9 @@ def pytest_configure(config):
         os.environ.setdefault('OMP_NUM_THREADS', str(share))
 
 
-# The files that take longest, longest first (seconds in `.ci/run` on 2 cores: docs/dev/testing.md).
-# The suite's wall time is at least that of its longest file, which therefore has to start at once.
+# The files that take longest, longest first, by the times per file that the end of a run prints
+# (docs/dev/testing.md). The suite's wall time is at least that of its longest file, which therefore has to start
+# at once.
 LONGEST_FILES = ('test_end_to_end.py', 'test_custom_dataset.py', 'test_bundle.py', 'test_cluster.py',
                  'test_export.py', 'test_compile.py')
 
