@@ -1,5 +1,5 @@
 """MALA (MAViT) backbone for dense prediction."""
-from typing import Callable, Dict, Optional, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import torch
 from mmengine.logging import MMLogger
@@ -10,11 +10,12 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...checkpoint import load_backbone_weights
+from ...ops.torch_compat import HAS_CUSTOM_OPS, autocast_dtype, autocast_enabled, is_compiling, recompile_limit
+from ...ops.weight_casts import LowPrecisionWeights
 from ..layers import ATTENTION_KINDS, ConvStem, LayerNorm2d, MALAStage, rope_head_dims
 from ..layers.attention import check_attn_impl
 from ..layers.blocks import call_block
 from ..layers.conv import channels_last_strides
-from ..layers.torch_compat import HAS_CUSTOM_OPS, is_compiling, recompile_limit
 
 # graphs the compiled block may take per kind of block (dynamo's own default for a function) before dynamo runs the
 # blocks it has no graph for eagerly
@@ -155,6 +156,8 @@ class MALA(BaseModule):
         # block of the first stage apart from the others (its rate is 0, so it has no DropPath)
         self._block_kinds = num_stages + 1
         self._compiled_block = self._compile_block(compile)
+        self.with_cp = with_cp
+        self._low_precision_weights = LowPrecisionWeights()
 
     @staticmethod
     def _compile_block(compile: Union[bool, dict]):
@@ -225,7 +228,27 @@ class MALA(BaseModule):
         if self._compiled_block is not None and not (torch.jit.is_tracing() or is_compiling()):
             with recompile_limit(GRAPHS_PER_BLOCK_KIND * self._block_kinds):
                 return self._features(x, self._compiled_block)
-        return self._features(x)
+        dtype = self._weight_cast_dtype(x)
+        if dtype is None:
+            return self._features(x)
+        with self._low_precision_weights.active(self._conv_parameters(), dtype):
+            return self._features(x)
+
+    def _weight_cast_dtype(self, x: Tensor) -> Optional[torch.dtype]:
+        """The dtype autocast casts the convolutions' weights to in this forward, where the backbone makes those
+        copies itself (:mod:`mala_mm.ops.weight_casts`), else None: traced, exported and compiled graphs and
+        checkpointed blocks, whose recomputation would not see the copies, leave them to autocast."""
+        device = x.device.type
+        if self.with_cp or not autocast_enabled(device) or torch.jit.is_tracing() or is_compiling():
+            return None
+        dtype = autocast_dtype(device)
+        return dtype if dtype in (torch.float16, torch.bfloat16) else None
+
+    def _conv_parameters(self) -> List[List[nn.Parameter]]:
+        """The fp32 weights and biases of the convolutions, which autocast would cast, one group per stage (the
+        stem its own)."""
+        return [[p for m in part.modules() if isinstance(m, nn.Conv2d) for p in (m.weight, m.bias)
+                 if p is not None and p.dtype == torch.float32] for part in (self.patch_embed, *self.layers)]
 
     def _features(self, x: Tensor, run_block: Callable = call_block) -> tuple:
         # channels-last throughout: depth-wise convs run about 3x faster on it than on NCHW, and elementwise ops

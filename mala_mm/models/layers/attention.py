@@ -12,9 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ...ops.torch_compat import autocast_dtype, autocast_enabled, is_compiling, is_exporting
+from ...ops.weight_casts import low_precision
 from .conv import Conv2d
 from .rope import RotaryTables, apply_rope, rope_head_dims
-from .torch_compat import autocast_dtype, autocast_enabled, is_compiling, is_exporting
 
 try:
     from . import mala_triton, rope_triton
@@ -135,8 +136,8 @@ class QKVOProjection(Conv2d):
     def forward(self, x: Tensor, as_views: bool = False) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
         if as_views:
             return tuple(super().forward(x).chunk(4, dim=1))
-        return tuple(self._conv_forward(x, weight, bias)
-                     for weight, bias in zip(self.weight.chunk(4), self.bias.chunk(4)))
+        weights, biases = low_precision(self.weight).chunk(4), low_precision(self.bias).chunk(4)
+        return tuple(self._conv_forward(x, weight, bias) for weight, bias in zip(weights, biases))
 
 
 def check_attn_impl(attn_impl: str, where: str, error=ValueError) -> str:

@@ -10,10 +10,11 @@ from mmcv.cnn import build_norm_layer
 from mmcv.cnn.bricks import DropPath
 from torch import Tensor, nn
 
+from ...ops.residual import drop_path_factors, scaled_residual
+from ...ops.torch_compat import autocast_enabled, compiling_to_run
 from .attention import MALAttention, SoftmaxAttention
+from .conv import Conv2d, channels_last_strides
 from .rope import RoPE2d, RotaryTables
-from .conv import Conv2d
-from .torch_compat import autocast_enabled, compiling_to_run
 
 ATTENTION_KINDS = {'mala': MALAttention, 'softmax': SoftmaxAttention}
 
@@ -74,22 +75,22 @@ class ConvDownsample(nn.Module):
 class ResidualDWConv(Conv2d):
     """``x + DWConv(x)``, a depth-wise conv (size-preserving, odd kernel) with its input added back.
 
-    Computed as one conv whose kernel has 1 added at its centre: one pass over the map instead of a conv and an
-    add. The parameters are those of the plain conv, so the state dict is unchanged. Under autocast the conv runs
-    in low precision, and the fused form would round the residual stream ``x`` to it once per block; there the
-    conv and the add stay apart, as released, and the sum keeps x's precision.
+    Computed as one conv whose kernel has 1 added at its centre (the buffer ``centre_tap``, made once): one pass
+    over the map instead of a conv and an add. The parameters are those of the plain conv, so the state dict is
+    unchanged. Under autocast the conv runs in low precision, and the fused form would round the residual stream
+    ``x`` to it once per block; there the conv and the add stay apart, as released, and the sum keeps x's precision.
     """
 
     def __init__(self, channels: int, kernel_size: int):
         super().__init__(channels, channels, kernel_size, padding=kernel_size // 2, groups=channels)
+        centre_tap = channels_last_strides(torch.zeros_like(self.weight))
+        centre_tap[..., kernel_size // 2, kernel_size // 2] = 1
+        self.register_buffer('centre_tap', centre_tap, persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
         if autocast_enabled(x.device.type):
             return x + super().forward(x)
-        centre = self.kernel_size[0] // 2
-        identity = torch.zeros_like(self.weight)
-        identity[..., centre, centre] = 1
-        return self._conv_forward(x, self.weight + identity, self.bias)
+        return self._conv_forward(x, self.weight + self.centre_tap, self.bias)
 
 
 class ConvFFN(nn.Module):
@@ -140,12 +141,12 @@ class MALABlock(nn.Module):
             self.gamma_2 = nn.Parameter(torch.full((1, embed_dims, 1, 1), float(layer_scale_init)))
 
     def _add_branch(self, x: Tensor, branch: Tensor, gamma: Optional[Tensor]) -> Tensor:
-        """``x + DropPath(gamma * branch)``; one kernel where no block is dropped (eval, or a rate of 0)."""
+        """``x + DropPath(gamma * branch)``, in one kernel where no sample is dropped (eval, or a rate of 0)."""
         if gamma is None:
             return x + self.drop_path(branch)
-        if not self.training or isinstance(self.drop_path, nn.Identity):
-            return torch.addcmul(x, gamma, branch)
-        return x + self.drop_path(gamma * branch)
+        if not (self.training and isinstance(self.drop_path, DropPath)):
+            return scaled_residual(x, branch, gamma)
+        return scaled_residual(x, branch, gamma, drop_path_factors(x.shape[0], self.drop_path.drop_prob, gamma))
 
     def _forward(self, x: Tensor, rope: Optional[RotaryTables]) -> Tensor:
         x = self.pos(x)

@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .torch_compat import HAS_CUSTOM_OPS, autocast_dtype, autocast_enabled, compiling_to_run
+from ...ops.torch_compat import HAS_CUSTOM_OPS, autocast_dtype, autocast_enabled, compiling_to_run
+from ...ops.weight_casts import low_precision
 
 
 def _channels_last_strides_of(shape) -> Tuple[int, int, int, int]:
@@ -92,7 +93,9 @@ if HAS_CUSTOM_OPS:  # torch >= 2.4; MALA(compile=...) asks for it
 
 
 class Conv2d(nn.Conv2d):
-    """``nn.Conv2d`` (zero padding, dilation 1) that runs as :func:`conv2d` inside a graph torch.compile runs."""
+    """``nn.Conv2d`` (zero padding, dilation 1) that runs as :func:`conv2d` inside a graph torch.compile runs, and
+    in eager mode reads the low-precision copies of its weight and bias that the backbone made for the forward
+    (:func:`~mala_mm.ops.weight_casts.low_precision`) where there are some."""
 
     def _conv_forward(self, x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
         if HAS_CUSTOM_OPS and compiling_to_run():
@@ -101,4 +104,4 @@ class Conv2d(nn.Conv2d):
                 dtype = autocast_dtype(device)
                 x, weight, bias = x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)
             return conv2d(x, weight, bias, list(self.stride), list(self.padding), self.groups)
-        return super()._conv_forward(x, weight, bias)
+        return super()._conv_forward(x, low_precision(weight), low_precision(bias))

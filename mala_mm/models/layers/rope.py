@@ -5,7 +5,7 @@ from typing import NamedTuple, Type
 import torch
 from torch import Tensor, nn
 
-from .torch_compat import is_compiling
+from ...ops.torch_compat import is_compiling
 
 
 def rope_head_dims(embed_dims: int, num_heads: int, where: str, error: Type[ValueError] = ValueError) -> int:

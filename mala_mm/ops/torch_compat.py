@@ -1,6 +1,7 @@
-"""The torch queries the layers make, on every torch this package supports: 2.4 gave autocast's queries a device
-argument and custom operators (``torch.library.custom_op``), 2.3 named ``torch.compiler.is_compiling``; torch 2.1
-has the queries per device and under torch._dynamo. Dynamo's ``cache_size_limit`` became ``recompile_limit`` in 2.7."""
+"""The torch queries and shims the layers and ops use, on every torch this package supports: 2.4 gave autocast's
+queries a device argument and custom operators (``torch.library.custom_op``), 2.3 named
+``torch.compiler.is_compiling``; torch 2.1 has the queries per device and under torch._dynamo, and no
+``_foreach_copy_``. Dynamo's ``cache_size_limit`` became ``recompile_limit`` in 2.7."""
 import torch
 
 _NEW_AUTOCAST_API = hasattr(torch, 'get_autocast_dtype')
@@ -52,3 +53,12 @@ def recompile_limit(limit: int):
     import torch._dynamo  # loaded already by torch.compile, which a caller of this has called
     config = torch._dynamo.config
     return config.patch(**{'recompile_limit' if hasattr(config, 'recompile_limit') else 'cache_size_limit': limit})
+
+
+def foreach_copy_(destinations, sources) -> None:
+    """``destinations[i].copy_(sources[i])`` for each i, in one multi-tensor kernel where torch has it (2.2)."""
+    if hasattr(torch, '_foreach_copy_'):
+        torch._foreach_copy_(destinations, sources)
+        return
+    for destination, source in zip(destinations, sources):
+        destination.copy_(source)

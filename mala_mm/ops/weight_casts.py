@@ -1,0 +1,119 @@
+"""Autocast's weight casts, made for a group of parameters at once.
+
+Under autocast each convolution casts its weight and its bias to the autocast dtype in every forward, one kernel
+each, and in training casts their gradients back, one more each: in MALA-T that is 182 kernels of an eval forward
+and 364 of a training step, whose GPU time is the time of launching them. :class:`LowPrecisionWeights` makes the
+same copies (round to nearest, the strides of each parameter) with one multi-tensor copy per group, and their
+gradients with one more; in a forward without gradients it keeps them until a parameter changes. The
+convolutions take them through :func:`low_precision`, and autocast, finding them in its dtype already, casts
+nothing more. Values and gradients are those of autocast's own casts.
+"""
+import contextlib
+import contextvars
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from .torch_compat import foreach_copy_
+
+# the copies of the running forward (LowPrecisionWeights.active): anything with get(param) -> its copy or None
+_ACTIVE: contextvars.ContextVar = contextvars.ContextVar('mala_low_precision_weights', default=None)
+
+
+def low_precision(param: Optional[Tensor]) -> Optional[Tensor]:
+    """The low-precision copy of ``param`` made for the running forward, or ``param`` itself where there is none."""
+    copies = _ACTIVE.get()
+    if copies is None or param is None:
+        return param
+    copy = copies.get(param)
+    return param if copy is None else copy
+
+
+def _copies(sources: Sequence[Tensor], likes: Sequence[Tensor], dtype: Optional[torch.dtype] = None) -> List[Tensor]:
+    """``sources`` copied in one multi-tensor copy into tensors with the strides of ``likes``, in ``dtype`` (default:
+    each like's own)."""
+    out = [torch.empty_like(like, dtype=dtype) for like in likes]
+    foreach_copy_(out, list(sources))
+    return out
+
+
+class _CastGroup(torch.autograd.Function):
+    """(dtype, *params) -> the params in dtype; their gradients go back to the params' dtype in one copy."""
+
+    @staticmethod
+    def forward(ctx, dtype: torch.dtype, *params: Tensor) -> Tuple[Tensor, ...]:
+        ctx.set_materialize_grads(False)  # a copy that no operator read gives its parameter no gradient
+        ctx.save_for_backward(*params)
+        return tuple(_copies(params, params, dtype))
+
+    @staticmethod
+    def backward(ctx, *grads: Optional[Tensor]):
+        params = ctx.saved_tensors
+        wanted = [i for i, grad in enumerate(grads) if grad is not None and ctx.needs_input_grad[i + 1]]
+        result: List[Optional[Tensor]] = [None] * len(params)
+        # with the parameters' strides, so that autograd stores them as the gradients without another copy
+        for i, grad in zip(wanted, _copies([grads[i] for i in wanted], [params[i] for i in wanted])):
+            result[i] = grad
+        return (None, *result)
+
+
+class _CopiedOnFirstRead:
+    """One training forward's copies: a group's are made when one of its parameters is first read, so that in the
+    backward each group's gradients are copied back as soon as its stage is done (autograd runs a node once the
+    later ones are), and DDP reduces them while the earlier stages' backward runs."""
+
+    def __init__(self, groups: Sequence[Sequence[nn.Parameter]], dtype: torch.dtype):
+        self._groups, self._dtype = groups, dtype
+        self._group_of = {id(p): group for group in groups for p in group}
+        self._copies: Dict[int, Tensor] = {}
+
+    def get(self, param: Tensor) -> Optional[Tensor]:
+        key = id(param)
+        if key not in self._copies and key in self._group_of:
+            group = self._group_of[key]
+            self._copies.update(zip(map(id, group), _CastGroup.apply(self._dtype, *group)))
+        return self._copies.get(key)
+
+
+class _Kept:
+    """Copies kept between forwards without gradients, by parameter."""
+
+    def __init__(self, key: tuple, params: List[Tensor], copies: List[Tensor]):
+        self.key = key
+        self._copies = {id(p): c for p, c in zip(params, copies)}
+
+    def get(self, param: Tensor) -> Optional[Tensor]:
+        return self._copies.get(id(param))
+
+
+class LowPrecisionWeights:
+    """Low-precision copies of parameters for the forwards run inside :meth:`active`."""
+
+    def __init__(self):
+        self._kept: Optional[_Kept] = None
+
+    def _kept_copies(self, params: List[Tensor], dtype: torch.dtype) -> _Kept:
+        key = (dtype, *((p.data_ptr(), p._version) for p in params))
+        if self._kept is None or self._kept.key != key:
+            self._kept = None  # the old copies freed before the new ones are made
+            self._kept = _Kept(key, params, _copies([p.detach() for p in params], params, dtype))
+        return self._kept
+
+    @contextlib.contextmanager
+    def active(self, groups: Sequence[Sequence[nn.Parameter]], dtype: torch.dtype) -> Iterator[None]:
+        """Inside, :func:`low_precision` gives the ``dtype`` copies of the parameters of ``groups``: where gradients
+        flow, each group's made by one launch when first read (a group per stage keeps DDP's reduction overlapping
+        the backward); without gradients, all in one launch, kept until a parameter changes (its version counter
+        or its storage tells)."""
+        groups = [list(group) for group in groups if group]
+        if torch.is_grad_enabled():
+            self._kept = None
+            copies = _CopiedOnFirstRead(groups, dtype)
+        else:
+            copies = self._kept_copies([p for group in groups for p in group], dtype)
+        token = _ACTIVE.set(copies)
+        try:
+            yield
+        finally:
+            _ACTIVE.reset(token)
