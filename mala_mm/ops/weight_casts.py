@@ -2,11 +2,10 @@
 
 Under autocast each convolution casts its weight and its bias to the autocast dtype in every forward, one kernel
 each, and in training casts their gradients back, one more each: in MALA-T that is 182 kernels of an eval forward
-and 364 of a training step, whose GPU time is the time of launching them. :class:`LowPrecisionWeights` makes the
+and 364 of a training step, whose GPU time is the time of launching them. :func:`low_precision_weights` makes the
 same copies (round to nearest, the strides of each parameter) with one multi-tensor copy per group, and their
-gradients with one more; in a forward without gradients it keeps them until a parameter changes. The
-convolutions take them through :func:`low_precision`, and autocast, finding them in its dtype already, casts
-nothing more. Values and gradients are those of autocast's own casts.
+gradients with one more. The convolutions take them through :func:`low_precision`, and autocast, finding them in
+its dtype already, casts nothing more. Values and gradients are those of autocast's own casts.
 """
 import contextlib
 import contextvars
@@ -17,7 +16,7 @@ from torch import Tensor, nn
 
 from .torch_compat import foreach_copy_
 
-# the copies of the running forward (LowPrecisionWeights.active): anything with get(param) -> its copy or None
+# the copies of the running forward (low_precision_weights), by parameter id: anything with get(id) -> copy or None
 _ACTIVE: contextvars.ContextVar = contextvars.ContextVar('mala_low_precision_weights', default=None)
 
 
@@ -26,7 +25,7 @@ def low_precision(param: Optional[Tensor]) -> Optional[Tensor]:
     copies = _ACTIVE.get()
     if copies is None or param is None:
         return param
-    copy = copies.get(param)
+    copy = copies.get(id(param))
     return param if copy is None else copy
 
 
@@ -59,61 +58,37 @@ class _CastGroup(torch.autograd.Function):
 
 
 class _CopiedOnFirstRead:
-    """One training forward's copies: a group's are made when one of its parameters is first read, so that in the
-    backward each group's gradients are copied back as soon as its stage is done (autograd runs a node once the
-    later ones are), and DDP reduces them while the earlier stages' backward runs."""
+    """One training forward's copies, by parameter id: a group's are made when one of its parameters is first read,
+    so that in the backward each group's gradients are copied back as soon as its stage is done (autograd runs a
+    node once the later ones are), and DDP reduces them while the earlier stages' backward runs."""
 
     def __init__(self, groups: Sequence[Sequence[nn.Parameter]], dtype: torch.dtype):
-        self._groups, self._dtype = groups, dtype
+        self._dtype = dtype
         self._group_of = {id(p): group for group in groups for p in group}
         self._copies: Dict[int, Tensor] = {}
 
-    def get(self, param: Tensor) -> Optional[Tensor]:
-        key = id(param)
+    def get(self, key: int) -> Optional[Tensor]:
         if key not in self._copies and key in self._group_of:
             group = self._group_of[key]
             self._copies.update(zip(map(id, group), _CastGroup.apply(self._dtype, *group)))
         return self._copies.get(key)
 
 
-class _Kept:
-    """Copies kept between forwards without gradients, by parameter."""
-
-    def __init__(self, key: tuple, params: List[Tensor], copies: List[Tensor]):
-        self.key = key
-        self._copies = {id(p): c for p, c in zip(params, copies)}
-
-    def get(self, param: Tensor) -> Optional[Tensor]:
-        return self._copies.get(id(param))
-
-
-class LowPrecisionWeights:
-    """Low-precision copies of parameters for the forwards run inside :meth:`active`."""
-
-    def __init__(self):
-        self._kept: Optional[_Kept] = None
-
-    def _kept_copies(self, params: List[Tensor], dtype: torch.dtype) -> _Kept:
-        key = (dtype, *((p.data_ptr(), p._version) for p in params))
-        if self._kept is None or self._kept.key != key:
-            self._kept = None  # the old copies freed before the new ones are made
-            self._kept = _Kept(key, params, _copies([p.detach() for p in params], params, dtype))
-        return self._kept
-
-    @contextlib.contextmanager
-    def active(self, groups: Sequence[Sequence[nn.Parameter]], dtype: torch.dtype) -> Iterator[None]:
-        """Inside, :func:`low_precision` gives the ``dtype`` copies of the parameters of ``groups``: where gradients
-        flow, each group's made by one launch when first read (a group per stage keeps DDP's reduction overlapping
-        the backward); without gradients, all in one launch, kept until a parameter changes (its version counter
-        or its storage tells)."""
-        groups = [list(group) for group in groups if group]
-        if torch.is_grad_enabled():
-            self._kept = None
-            copies = _CopiedOnFirstRead(groups, dtype)
-        else:
-            copies = self._kept_copies([p for group in groups for p in group], dtype)
-        token = _ACTIVE.set(copies)
-        try:
-            yield
-        finally:
-            _ACTIVE.reset(token)
+@contextlib.contextmanager
+def low_precision_weights(groups: Sequence[Sequence[nn.Parameter]], dtype: torch.dtype) -> Iterator[None]:
+    """Inside, :func:`low_precision` gives the ``dtype`` copies of the parameters of ``groups``. Where gradients flow,
+    each group's are made by one launch when first read (a group per stage keeps DDP's reduction overlapping the
+    backward); without gradients, all in one launch. They are made anew for every forward: kept between forwards,
+    they would miss a change through ``.data``, which no version counter records (mmengine's EMA hook swaps the
+    averaged weights in and out that way)."""
+    groups = [list(group) for group in groups if group]
+    if torch.is_grad_enabled():
+        copies = _CopiedOnFirstRead(groups, dtype)
+    else:
+        params = [p for group in groups for p in group]
+        copies = dict(zip(map(id, params), _copies([p.detach() for p in params], params, dtype)))
+    token = _ACTIVE.set(copies)
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)

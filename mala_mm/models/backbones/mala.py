@@ -11,7 +11,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...checkpoint import load_backbone_weights
 from ...ops.torch_compat import HAS_CUSTOM_OPS, autocast_dtype, autocast_enabled, is_compiling, recompile_limit
-from ...ops.weight_casts import LowPrecisionWeights
+from ...ops.weight_casts import low_precision_weights
 from ..layers import ATTENTION_KINDS, ConvStem, LayerNorm2d, MALAStage, rope_head_dims
 from ..layers.attention import check_attn_impl
 from ..layers.blocks import call_block
@@ -157,7 +157,6 @@ class MALA(BaseModule):
         self._block_kinds = num_stages + 1
         self._compiled_block = self._compile_block(compile)
         self.with_cp = with_cp
-        self._low_precision_weights = LowPrecisionWeights()
 
     @staticmethod
     def _compile_block(compile: Union[bool, dict]):
@@ -231,7 +230,7 @@ class MALA(BaseModule):
         dtype = self._weight_cast_dtype(x)
         if dtype is None:
             return self._features(x)
-        with self._low_precision_weights.active(self._conv_parameters(), dtype):
+        with low_precision_weights(self._conv_parameters(), dtype):
             return self._features(x)
 
     def _weight_cast_dtype(self, x: Tensor) -> Optional[torch.dtype]:
