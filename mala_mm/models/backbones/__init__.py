@@ -1,3 +1,4 @@
-from .mala import MALA, MALAConfigError
+from .mala import MALA
+from .mala_arguments import MALAConfigError
 
 __all__ = ['MALA', 'MALAConfigError']

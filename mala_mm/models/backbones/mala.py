@@ -10,20 +10,18 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...checkpoint import load_backbone_weights
-from ...ops.torch_compat import HAS_CUSTOM_OPS, autocast_dtype, autocast_enabled, is_compiling, recompile_limit
+from ...ops.torch_compat import autocast_dtype, autocast_enabled, is_compiling, recompile_limit
 from ...ops.weight_casts import low_precision_weights
-from ..layers import ATTENTION_KINDS, ConvStem, LayerNorm2d, MALAStage, rope_head_dims
+from ..layers import ConvStem, LayerNorm2d, MALAStage
 from ..layers.attention import check_attn_impl
 from ..layers.blocks import call_block
 from ..layers.conv import channels_last_strides
+from .mala_arguments import (MALAConfigError, check_stages, compiled_block, resolve_arch, resolve_attn_types,
+                             resolve_init_cfg)
 
 # graphs the compiled block may take per kind of block (dynamo's own default for a function) before dynamo runs the
 # blocks it has no graph for eagerly
 GRAPHS_PER_BLOCK_KIND = 8
-
-
-class MALAConfigError(ValueError):
-    """An argument of :class:`MALA` that cannot build a model; the message says which and what is allowed."""
 
 
 # in mmengine's root registry, which mmdet's and mmseg's MODELS consult for a type they do not hold themselves
@@ -61,6 +59,9 @@ class MALA(BaseModule):
             arithmetic whatever the input's precision), 'torch' in torch operators, or 'auto' (default): Triton's
             for CUDA tensors where Triton is installed, torch's elsewhere. Traced, exported and compiled graphs
             always take torch's. Both compute the same formula; parameters and state dict are unchanged.
+        pretrained: deprecated, as in mmdet's and mmseg's backbones: a path or URL stands for
+            ``init_cfg=dict(type='Pretrained', checkpoint=pretrained)`` (mmseg's segmentors pass their
+            ``model.pretrained`` here); given with ``init_cfg``, an error.
         init_cfg: dict(type='Pretrained', checkpoint=PATH_OR_URL) loads a released classification checkpoint,
             an mmdet/mmseg checkpoint holding ``backbone.*`` or a plain backbone state dict; an optional
             ``prefix`` picks the sub-dict. Without it, weights are initialised as released (truncated normal).
@@ -77,7 +78,6 @@ class MALA(BaseModule):
                       mlp_ratio=3.5, layer_scale_init=[1e-6, 1e-6, 1e-6, 1e-6], drop_path_rate=0.55),
     }
     arch_zoo.update({name[0]: spec for name, spec in list(arch_zoo.items())})
-    custom_arch_defaults = dict(mlp_ratio=3.5, layer_scale_init=1.0, drop_path_rate=0.1)
 
     def __init__(self,
                  arch: Union[str, dict] = 'tiny',
@@ -91,57 +91,23 @@ class MALA(BaseModule):
                  with_cp: bool = False,
                  compile: Union[bool, dict] = False,
                  attn_impl: str = 'auto',
+                 pretrained: Optional[str] = None,
                  init_cfg: Optional[dict] = None):
-        if init_cfg is not None and (not isinstance(init_cfg, dict) or init_cfg.get('type') != 'Pretrained'
-                                     or not init_cfg.get('checkpoint')):
-            raise MALAConfigError(f"MALA: init_cfg must be None (the release's initialisation) or "
-                                  f"dict(type='Pretrained', checkpoint=PATH_OR_URL[, prefix=...]), got {init_cfg}")
-        super().__init__(init_cfg=init_cfg)
-        arch = self._resolve_arch(arch)
+        super().__init__(init_cfg=resolve_init_cfg(init_cfg, pretrained))
+        arch = resolve_arch(arch, self.arch_zoo)
         num_stages = len(arch['depths'])
         self.embed_dims = list(arch['embed_dims'])
         self.in_channels = in_channels
-
-        if isinstance(attn_types, str):
-            attn_types = [attn_types] * num_stages
-        attn_types = [kind.lower() for kind in attn_types]
-        if len(attn_types) != num_stages or any(kind not in ATTENTION_KINDS for kind in attn_types):
-            raise MALAConfigError(f'MALA: attn_types must be one of {sorted(ATTENTION_KINDS)} or a sequence of '
-                                  f'{num_stages} of them, got {attn_types}')
-        self.attn_types = attn_types
-
+        self.attn_types = resolve_attn_types(attn_types, num_stages)
         self.out_indices = tuple(out_indices)
-        if not self.out_indices or any(not 0 <= i < num_stages for i in self.out_indices):
-            raise MALAConfigError(f'MALA: out_indices must be non-empty stage indices in [0, {num_stages}), '
-                                  f'got {out_indices}')
-        if not -1 <= frozen_stages <= num_stages:
-            raise MALAConfigError(f'MALA: frozen_stages must be in [-1, {num_stages}], got {frozen_stages}')
+        check_stages(self.out_indices, frozen_stages, num_stages)
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
+        self.with_cp = with_cp
         check_attn_impl(attn_impl, 'MALA: ', MALAConfigError)
 
-        if drop_path_rate is None:
-            drop_path_rate = arch['drop_path_rate']
-        rates = torch.linspace(0, drop_path_rate, sum(arch['depths'])).tolist()
-        layer_scale = arch['layer_scale_init']
-        if layer_scale is None or isinstance(layer_scale, (int, float)):
-            layer_scale = [layer_scale] * num_stages
-
         self.patch_embed = ConvStem(in_channels, self.embed_dims[0], norm_cfg)
-        self.layers = nn.ModuleList()
-        for i in range(num_stages):
-            first = sum(arch['depths'][:i])
-            self.layers.append(MALAStage(
-                embed_dims=self.embed_dims[i],
-                num_heads=arch['num_heads'][i],
-                attn_type=attn_types[i],
-                mlp_ratio=arch['mlp_ratio'],
-                drop_paths=rates[first:first + arch['depths'][i]],
-                layer_scale_init=layer_scale[i],
-                out_dims=self.embed_dims[i + 1] if i + 1 < num_stages else None,
-                norm_cfg=norm_cfg,
-                with_cp=with_cp,
-                attn_impl=attn_impl))
+        self.layers = nn.ModuleList(self._stages(arch, drop_path_rate, norm_cfg, attn_impl))
         # keyed by stage index so that the state dict reads extra_norms.{i}.* as released
         self.extra_norms = nn.ModuleDict({str(i): LayerNorm2d(self.embed_dims[i]) for i in self.out_indices})
         # The maps are channels-last throughout (forward), and so are the gradients of every conv weight; stored
@@ -155,51 +121,22 @@ class MALA(BaseModule):
         # the kinds of block a compiled function serves: a stage's blocks, and where stochastic depth is on, the first
         # block of the first stage apart from the others (its rate is 0, so it has no DropPath)
         self._block_kinds = num_stages + 1
-        self._compiled_block = self._compile_block(compile)
-        self.with_cp = with_cp
+        self._compiled_block = compiled_block(compile)
 
-    @staticmethod
-    def _compile_block(compile: Union[bool, dict]):
-        """:func:`call_block` compiled as ``compile`` asks, or None. One function serves every block: compiling
-        blocks, not the whole backbone, keeps the symbolic sizes of each graph those of one map (the backbone's
-        nest a ceiling division per stride-2 conv), and a stage's blocks share a graph. The block is an argument,
-        so that a deep copy of the module (an EMA model) runs its own parameters through it."""
-        if compile is False:
-            return None
-        if not HAS_CUSTOM_OPS:
-            raise MALAConfigError(f'MALA: compile needs torch >= 2.4 (its custom operators), this is '
-                                  f'{torch.__version__}')
-        if compile is not True and not isinstance(compile, dict):
-            raise MALAConfigError(f'MALA: compile must be a bool or a dict of torch.compile arguments, '
-                                  f'got {compile!r}')
-        options = dict(fullgraph=True, dynamic=True)
-        options.update({} if compile is True else compile)
-        return torch.compile(call_block, **options)
-
-    @classmethod
-    def _resolve_arch(cls, arch: Union[str, dict]) -> dict:
-        if isinstance(arch, str):
-            if arch.lower() not in cls.arch_zoo:
-                raise MALAConfigError(f'MALA: unknown arch {arch!r}; choose one of {sorted(set(cls.arch_zoo))} '
-                                      f'or pass a dict with embed_dims, depths and num_heads')
-            return cls.arch_zoo[arch.lower()]
-        if not isinstance(arch, dict):
-            raise MALAConfigError(f'MALA: arch must be a name or a dict, got {type(arch).__name__}')
-        required = {'embed_dims', 'depths', 'num_heads'}
-        allowed = required | set(cls.custom_arch_defaults)
-        if not required <= set(arch) or not set(arch) <= allowed:
-            raise MALAConfigError(f'MALA: a custom arch needs {sorted(required)} and may set '
-                                  f'{sorted(cls.custom_arch_defaults)}; got keys {sorted(arch)}')
-        arch = {**cls.custom_arch_defaults, **arch}
-        lengths = {len(arch[key]) for key in required}
-        if len(lengths) != 1:
-            raise MALAConfigError(f'MALA: embed_dims, depths and num_heads need one entry per stage, got {arch}')
-        if isinstance(arch['layer_scale_init'], (list, tuple)) and len(arch['layer_scale_init']) not in lengths:
-            raise MALAConfigError(
-                f'MALA: layer_scale_init needs one entry per stage, got {arch["layer_scale_init"]}')
-        for stage, (channels, heads) in enumerate(zip(arch['embed_dims'], arch['num_heads'])):
-            rope_head_dims(channels, heads, f'MALA: in stage {stage}, ', MALAConfigError)
-        return arch
+    def _stages(self, arch: dict, drop_path_rate: Optional[float], norm_cfg: dict, attn_impl: str) -> List[MALAStage]:
+        """The stages of ``arch``, stochastic depth rising linearly over all blocks to ``drop_path_rate``."""
+        depths, num_stages = arch['depths'], len(arch['depths'])
+        rates = torch.linspace(0, arch['drop_path_rate'] if drop_path_rate is None else drop_path_rate,
+                               sum(depths)).tolist()
+        layer_scale = arch['layer_scale_init']
+        if layer_scale is None or isinstance(layer_scale, (int, float)):
+            layer_scale = [layer_scale] * num_stages
+        return [MALAStage(embed_dims=self.embed_dims[i], num_heads=arch['num_heads'][i], attn_type=self.attn_types[i],
+                          mlp_ratio=arch['mlp_ratio'], drop_paths=rates[sum(depths[:i]):sum(depths[:i + 1])],
+                          layer_scale_init=layer_scale[i],
+                          out_dims=self.embed_dims[i + 1] if i + 1 < num_stages else None, norm_cfg=norm_cfg,
+                          with_cp=self.with_cp, attn_impl=attn_impl)
+                for i in range(num_stages)]
 
     def init_weights(self):
         """Load ``init_cfg``'s checkpoint if it names one, else initialise as the release does."""

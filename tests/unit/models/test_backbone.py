@@ -262,6 +262,53 @@ def test_wrong_input_is_explained(small_arch):
         model(torch.randn(1, 3, 0, 32))
 
 
+def test_pretrained_stands_for_a_pretrained_init_cfg_as_in_swin():
+    with pytest.warns(UserWarning, match='DeprecationWarning: pretrained is deprecated, please use "init_cfg"'):
+        model = MALA(arch='tiny', pretrained='checkpoints/mala_t_in1k.pth')
+    assert model.init_cfg == dict(type='Pretrained', checkpoint='checkpoints/mala_t_in1k.pth')
+    with pytest.raises(MALAConfigError, match=r"pretrained='a.pth' and init_cfg=\{.*'b.pth'\} are given together"):
+        MALA(arch='tiny', pretrained='a.pth', init_cfg=dict(type='Pretrained', checkpoint='b.pth'))
+    with pytest.raises(MALAConfigError, match='pretrained must be a path or URL'):
+        MALA(arch='tiny', pretrained=True)
+
+
+def test_a_config_over_mmsegs_own_upernet_base_loads_model_pretrained_and_trains(tmp_path):
+    """mmseg's model bases set ``model.pretrained`` (a ResNet's URL), which its EncoderDecoder hands to the
+    backbone: a user's config over one names MALA's weights there, without ``pretrained=None``, and trains."""
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    from mmengine.structures import PixelData
+    from mmseg.registry import MODELS
+    from mala_mm.sample_inputs import data_samples
+    checkpoint = os.path.join(DATA_DIR, 'official_det_ckpt.pth')
+    arch = torch.load(os.path.join(DATA_DIR, 'official_det_io.pth'), weights_only=True)['arch']
+    config = tmp_path / 'upernet_mala_over_mmseg_base.py'
+    config.write_text(
+        "_base_ = ['mmseg::_base_/models/upernet_r50.py']\n"
+        "custom_imports = dict(imports=['mala_mm'], allow_failed_imports=False)\n"
+        "norm_cfg = dict(type='BN', requires_grad=True)  # one process\n"
+        f"model = dict(pretrained={checkpoint!r}, data_preprocessor=dict(size=(64, 64)),\n"
+        f"             backbone=dict(_delete_=True, type='MALA', arch={arch!r}),\n"
+        "             decode_head=dict(in_channels=[32, 64, 96, 128], channels=32, num_classes=3, norm_cfg=norm_cfg),\n"
+        "             auxiliary_head=dict(in_channels=96, channels=16, num_classes=3, norm_cfg=norm_cfg))\n")
+    cfg = Config.fromfile(str(config))
+    init_default_scope('mmseg')
+    with pytest.warns(UserWarning, match='pretrained is deprecated'):
+        model = MODELS.build(cfg.model)
+    model.init_weights()
+    released = torch.load(checkpoint, weights_only=True)['state_dict']['backbone.layers.1.blocks.0.attn.qkvo.weight']
+    assert torch.equal(model.backbone.layers[1].blocks[0].attn.qkvo.weight, released)
+
+    samples = data_samples('mmseg', 64, 64, 2)
+    for sample in samples:
+        sample.gt_sem_seg = PixelData(data=torch.randint(0, 3, (1, 64, 64)))
+    batch = dict(inputs=[torch.rand(3, 64, 64) * 255 for _ in samples], data_samples=samples)
+    model.train()
+    loss, _ = model.parse_losses(model(**model.data_preprocessor(batch, True), mode='loss'))
+    loss.backward()
+    assert torch.isfinite(loss) and model.backbone.layers[1].blocks[0].attn.qkvo.weight.grad is not None
+
+
 @pytest.mark.parametrize('init_cfg', [dict(type='Normal', layer='Conv2d', std=0.01), dict(type='Pretrained'),
                                       [dict(type='Pretrained', checkpoint='a.pth')]])
 def test_an_init_cfg_it_does_not_apply_is_refused(init_cfg):
