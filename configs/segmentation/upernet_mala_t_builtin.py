@@ -9,14 +9,25 @@ _base_ = [
 
 norm_cfg = _base_.builtin_norm_cfg
 num_classes = 5
+# Class-balanced cross-entropy. The background covers 86% of the training pixels, triangles and stars 2.2% each;
+# with plain cross-entropy the rarest class could lose the race for its logit: at seed 0 the model labelled
+# every triangle 'star' until past iteration 150 and ended at mIoU 68.8, against 91 at other seeds. Each class
+# is weighted by sqrt(background's pixel share / its own) on the training maps; at seed 0 all five classes are
+# then told apart by iteration 60. The price: shapes grow by a little at their edges (docs/builtin_demo.md).
+class_weight = [1.0, 4.0, 4.7, 6.2, 6.2]  # background, circle, square, triangle, star
+# mmseg 1.2's weighted cross-entropy looks up the weight of every label, the ignored 255 too (an IndexError), so
+# the padding of crops smaller than 128 px (the pipeline's zoom-out) is labelled background, as its black pixels are
 model = dict(
-    data_preprocessor=dict(size=(128, 128)),  # the crop size of the dataset piece
+    data_preprocessor=dict(size=(128, 128), seg_pad_val=0),  # the crop size of the dataset piece
     pretrained=None,
     backbone=_base_.builtin_backbone,
     # heads a quarter as wide as ADE20K's: most of a CPU step is spent in them at this resolution
     decode_head=dict(
-        in_channels=_base_.mala_channels, channels=128, num_classes=num_classes, norm_cfg=norm_cfg),
-    auxiliary_head=dict(in_channels=_base_.mala_channels[2], channels=64, num_classes=num_classes, norm_cfg=norm_cfg))
+        in_channels=_base_.mala_channels, channels=128, num_classes=num_classes, norm_cfg=norm_cfg,
+        loss_decode=dict(class_weight=class_weight)),
+    auxiliary_head=dict(
+        in_channels=_base_.mala_channels[2], channels=64, num_classes=num_classes, norm_cfg=norm_cfg,
+        loss_decode=dict(class_weight=class_weight)))
 
 max_iters = 300
 train_cfg = dict(max_iters=max_iters, val_interval=max_iters)
