@@ -11,7 +11,7 @@ from mmcv.cnn.bricks import DropPath
 from torch import Tensor, nn
 
 from ...ops.residual import drop_path_factors, scaled_residual
-from ...ops.torch_compat import autocast_enabled, compiling_to_run
+from ...ops.torch_compat import autocast_enabled, compiling_to_run, is_compiling
 from .attention import MALAttention, SoftmaxAttention
 from .conv import Conv2d, channels_last_strides
 from .rope import RoPE2d, RotaryTables
@@ -141,12 +141,15 @@ class MALABlock(nn.Module):
             self.gamma_2 = nn.Parameter(torch.full((1, embed_dims, 1, 1), float(layer_scale_init)))
 
     def _add_branch(self, x: Tensor, branch: Tensor, gamma: Optional[Tensor]) -> Tensor:
-        """``x + DropPath(gamma * branch)``, in one kernel where no sample is dropped (eval, or a rate of 0)."""
+        """``x + DropPath(gamma * branch)``: in eager mode :func:`~mala_mm.ops.residual.scaled_residual`; traced
+        and compiled graphs record plain operators, which their compilers fuse and export."""
         if gamma is None:
             return x + self.drop_path(branch)
-        if not (self.training and isinstance(self.drop_path, DropPath)):
-            return scaled_residual(x, branch, gamma)
-        return scaled_residual(x, branch, gamma, drop_path_factors(x.shape[0], self.drop_path.drop_prob, gamma))
+        dropping = self.training and isinstance(self.drop_path, DropPath)
+        if torch.jit.is_tracing() or is_compiling():
+            return x + self.drop_path(gamma * branch) if dropping else torch.addcmul(x, gamma, branch)
+        factors = drop_path_factors(x.shape[0], self.drop_path.drop_prob, gamma) if dropping else None
+        return scaled_residual(x, branch, gamma, factors)
 
     def _forward(self, x: Tensor, rope: Optional[RotaryTables]) -> Tensor:
         x = self.pos(x)
