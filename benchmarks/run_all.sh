@@ -11,7 +11,8 @@ DEVICE="${DEVICE:-$("$PY" -c 'import torch; print("cuda" if torch.cuda.is_availa
 "$PY" backbone.py --device "$DEVICE" --dtype bf16 --scaling-sides "$@"
 if "$PY" -c 'import mmcv.ops' 2>/dev/null; then
     "$PY" dense_step.py --device "$DEVICE"
+    "$PY" kernel_count.py
     "$PY" preflight_data.py
 else
-    echo "dense_step.py and preflight_data.py skipped: they need mmdet/mmseg with mmcv's compiled ops"
+    echo "dense_step.py, kernel_count.py and preflight_data.py skipped: they need mmdet/mmseg with mmcv's compiled ops"
 fi
