@@ -2,7 +2,7 @@
 
 Compares this implementation with the explicit reference of the spec (same weights; ``mala_tools.reference`` with
 MALA in the release's linear order, softmax through its N x N matrix, RoPE tables rebuilt in every block, NCHW;
-tests/unit/models/test_reference.py checks it against the release's outputs) and with mmdet's Swin-T, in eval and
+tests/tools/test_reference.py checks it against the release's outputs) and with mmdet's Swin-T, in eval and
 in a train step (forward + backward), and measures how the cost grows with the number of pixels when every stage
 uses MALA.
 With --compile it also measures ``MALA(compile=True)`` against the eager model in the same run (its first call
@@ -23,12 +23,13 @@ from mala_tools.reference import reference_backbone
 SIZES = {'1280x800': (800, 1280), '512x2048': (512, 2048)}
 
 
-def swin_tiny():
+def swin_tiny(**options):
+    """mmdet's Swin-T (its defaults), with ``options`` in place of its arguments; None without mmdet."""
     try:
         from mmdet.models.backbones import SwinTransformer
     except ImportError:  # mmdet with compiled mmcv ops is not installed here
         return None
-    return SwinTransformer()  # mmdet's defaults are Swin-T
+    return SwinTransformer(**options)
 
 
 def step(model, x, train):

@@ -26,6 +26,7 @@ from backbone import step as backbone_step
 from backbone import swin_tiny
 from common import (RESULTS_DIR, device_name, exact_fp32, markdown_table, peak_mib, synchronize, time_ms,
                     write_results)
+from dense_step import CASES as DENSE_CASES
 from dense_step import build, fake_batch
 from device_check import fixture_errors
 from mala_mm import MALA
@@ -60,7 +61,9 @@ FP32_MAX_ABS_ERROR = 1e-4
 EPSILONS = 12
 RELATIVE_BOUNDS = {'tf32': EPSILONS * 2.0**-10, 'bf16 autocast': EPSILONS * torch.finfo(torch.bfloat16).eps,
                    'fp16 autocast': EPSILONS * torch.finfo(torch.float16).eps}
-CONFIGS = {'Mask R-CNN MALA-T': 'detection/mask_rcnn_mala_t.py', 'UperNet MALA-T': 'segmentation/upernet_mala_t.py'}
+# the dense phase's configs: ours and, beside each, the library's own Swin-T config of the same model (dense_step.py)
+CONFIGS = {f'{model} {backbone}': config for model, (ours, swin, _) in DENSE_CASES.items()
+           for backbone, config in (('MALA-T', ours), ('Swin-T', swin))}
 
 Table = Tuple[List[dict], List[str]]  # rows and the columns of their Markdown table
 
