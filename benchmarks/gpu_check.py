@@ -61,7 +61,8 @@ FP32_MAX_ABS_ERROR = 1e-4
 EPSILONS = 12
 RELATIVE_BOUNDS = {'tf32': EPSILONS * 2.0**-10, 'bf16 autocast': EPSILONS * torch.finfo(torch.bfloat16).eps,
                    'fp16 autocast': EPSILONS * torch.finfo(torch.float16).eps}
-# the dense phase's configs: ours and, beside each, the library's own Swin-T config of the same model (dense_step.py)
+# the dense phase's configs: ours and, beside each, the library's own Swin-T config of the same model (dense_step.py);
+# --quick trains ours alone, a check that they run, where the comparison would double the phase's minutes on a CPU
 CONFIGS = {f'{model} {backbone}': config for model, (ours, swin, _) in DENSE_CASES.items()
            for backbone, config in (('MALA-T', ours), ('Swin-T', swin))}
 
@@ -208,6 +209,8 @@ def dense(args, device) -> Table:
     import mmcv.ops
     rows = []
     for name, config in CONFIGS.items():
+        if args.sizes == 'quick' and 'Swin-T' in name:
+            continue
         scope, model = build(config)
         height, width = SIZES[args.sizes]['mask_rcnn' if scope == 'mmdet' else 'upernet']
         row = dict(model=name, input=f'2 x {width}x{height}')

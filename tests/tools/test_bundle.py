@@ -192,9 +192,8 @@ def test_bundle_installs_offline_into_a_fresh_torch_environment_and_the_quick_ch
             assert row['max_abs_error'] < FP32_MAX_ABS_ERROR, row
         else:
             assert row['relative_error'] < RELATIVE_BOUNDS[row['precision']], row
-    dense = {row['model']: row for row in json.loads((results / 'dense.json').read_text())['rows']}
-    # ours and, beside each, the library's own Swin-T config of the same model
-    assert list(dense) == ['Mask R-CNN MALA-T', 'Mask R-CNN Swin-T', 'UperNet MALA-T', 'UperNet Swin-T']
-    assert not any(row['first step skipped'] for row in dense.values())
-    # our configs' AmpOptimWrapper needs CUDA: on CPU the check says so and trains with the plain wrapper
-    assert all(row['optim wrapper'].startswith('OptimWrapper (') for name, row in dense.items() if 'MALA-T' in name)
+    dense = json.loads((results / 'dense.json').read_text())['rows']
+    # --quick trains our two configs, without Swin-T's beside them
+    assert [row['model'] for row in dense] == ['Mask R-CNN MALA-T', 'UperNet MALA-T']
+    assert [row['first step skipped'] for row in dense] == [False, False]
+    assert all(row['optim wrapper'].startswith('OptimWrapper (') for row in dense)
