@@ -30,7 +30,7 @@ from dense_step import CASES as DENSE_CASES
 from dense_step import build, fake_batch
 from device_check import fixture_errors
 from mala_mm import MALA
-from mala_mm.models.layers.attention import mala_triton
+from mala_mm.ops.dispatch import mala_triton
 
 # (height, width) of each input, full and --quick (a tenth of detection's sides, a quarter of the dense models';
 # --quick measures the backbone at the detection size alone)

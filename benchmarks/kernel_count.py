@@ -32,6 +32,7 @@ from typing import Dict, List, Optional
 os.environ.setdefault('TRITON_INTERPRET', '1')  # before mala_mm imports Triton: its kernels then run on CPU tensors
 
 import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
@@ -203,40 +204,80 @@ def _tag_nodes(nodes, part: str) -> None:
 @contextlib.contextmanager
 def triton_launches_recorded(counter: KernelCounter):
     """Each Triton kernel launch counted as one kernel and not run: Triton's interpreter would take minutes at the
-    papers' sizes. The launchers themselves run, and their operators count; then, inside the autograd functions'
-    forwards, the attention's and the rotation's results take the values of the torch operators (not counted), so
-    that what follows computes on real values. The backward's launches leave their gradients as allocated."""
+    papers' sizes. The launchers themselves run, and their operators count; then, inside each fused autograd
+    function's forward (and the rotation), the results take the values of the torch operators (not counted), so that
+    what follows computes on real values. The backward's launches leave their gradients as allocated."""
     from triton.runtime.interpreter import InterpretedFunction
 
-    from mala_mm.models.layers import attention
-    from mala_mm.models.layers.rope import RotaryTables
-    fused_mala, rope_triton = attention.mala_triton._FusedMALAttention, attention.rope_triton
-    interpreted_run, mala_forward, rotate_pair = InterpretedFunction.run, fused_mala.forward, rope_triton._rotate_pair
+    from mala_mm.ops import depthwise_triton, mala_triton, residual_triton, rope_triton
+    interpreted_run, rotate_pair = InterpretedFunction.run, rope_triton._rotate_pair
 
     def recorded_run(self, *args, grid, warmup, **kwargs):
         counter.record(counter._current_part(), _bytes(_tensors(list(args) + list(kwargs.values()))))
-
-    def mala_with_values(ctx, q, k, v, cos, sin, eps):
-        out = mala_forward(ctx, q, k, v, cos, sin, eps)
-        with counter.paused():
-            out.copy_(attention.mala_attention(q, k, v, None if cos is None else RotaryTables(cos, sin), eps))
-        return out
 
     def rotate_pair_with_values(q, k, cos, sin, transposed):
         q_out, k_out = rotate_pair(q, k, cos, sin, transposed)
         if not transposed:
             with counter.paused():
-                q_out.copy_(attention.apply_rope(q, RotaryTables(cos, sin)))
-                k_out.copy_(attention.apply_rope(k, RotaryTables(cos, sin)))
+                q_out.copy_(_rope_values(q, cos, sin))
+                k_out.copy_(_rope_values(k, cos, sin))
         return q_out, k_out
 
-    InterpretedFunction.run = recorded_run
-    fused_mala.forward, rope_triton._rotate_pair = staticmethod(mala_with_values), rotate_pair_with_values
+    def with_values(forward, values):
+        def run(ctx, *args):
+            outputs = forward(ctx, *args)
+            with counter.paused():
+                for out, value in zip(_tensors(outputs), _tensors(values(*args))):
+                    out.copy_(value)
+            return outputs
+        return staticmethod(run)
+
+    functions = {mala_triton._FusedMALAttention: _mala_values, residual_triton._ScaledResidual: _residual_values,
+                 depthwise_triton._ResidualDepthwiseConv: _residual_conv_values,
+                 depthwise_triton._GatedDepthwiseConv: _gated_conv_values}
+    forwards = {function: function.forward for function in functions}
+    InterpretedFunction.run, rope_triton._rotate_pair = recorded_run, rotate_pair_with_values
+    for function, values in functions.items():
+        function.forward = with_values(function.forward, values)
     try:
         yield
     finally:
-        InterpretedFunction.run = interpreted_run
-        fused_mala.forward, rope_triton._rotate_pair = staticmethod(mala_forward), rotate_pair
+        InterpretedFunction.run, rope_triton._rotate_pair = interpreted_run, rotate_pair
+        for function, forward in forwards.items():
+            function.forward = staticmethod(forward)
+
+
+# the values of the fused autograd functions' forwards, from their arguments, in torch operators
+def _rope_values(x, cos, sin):
+    from mala_mm.ops.rope import RotaryTables, apply_rope
+    return apply_rope(x, RotaryTables(cos, sin))
+
+
+def _mala_values(q, k, v, cos, sin, eps):
+    from mala_mm.ops.attention import mala_attention
+    from mala_mm.ops.rope import RotaryTables
+    return mala_attention(q, k, v, None if cos is None else RotaryTables(cos, sin), eps)
+
+
+def _residual_values(x, branch, gamma, factors, weight, bias, eps, normed_dtype):
+    scale = gamma.view(1, -1, 1, 1) * (1 if factors is None else factors.view(-1, 1, 1, 1))
+    out = torch.addcmul(x, branch, scale)
+    if weight is None:
+        return out
+    return out, F.layer_norm(out.permute(0, 2, 3, 1), weight.shape, weight, bias, eps).permute(0, 3, 1, 2)
+
+
+def _depthwise_conv(x, weight, bias):
+    return F.conv2d(x, weight.to(x.dtype), bias.to(x.dtype), padding=weight.shape[-1] // 2, groups=x.shape[1])
+
+
+def _residual_conv_values(x, weight, bias, gelu):
+    a = F.gelu(x) if gelu else x
+    return a + _depthwise_conv(a, weight, bias)
+
+
+def _gated_conv_values(y, v, o, weight, bias):
+    return (y + _depthwise_conv(v, weight, bias)) * o
 
 
 def count(model: nn.Module, step, dtype: Optional[torch.dtype], part_of) -> dict:

@@ -1,4 +1,5 @@
 from .backbones import MALA, MALAConfigError
-from .layers import MALAttention, SoftmaxAttention, mala_attention, softmax_attention
+from ..ops.attention import mala_attention, softmax_attention
+from .layers import MALAttention, SoftmaxAttention
 
 __all__ = ['MALA', 'MALAConfigError', 'MALAttention', 'SoftmaxAttention', 'mala_attention', 'softmax_attention']

@@ -4,19 +4,35 @@ mmcv's DropPath and the layer scale take seven operators in the forward and five
 (the scale's product, the draw and its rounding, the division by the keep probability, the product with the mask,
 the addition). :func:`scaled_residual` takes four and four: the draw of the per-sample factor (two), their
 product with gamma, one ``addcmul``; in the backward, the branch's gradient in one product written in the branch's
-dtype, and gamma's as a sum over the batch weighted by the factors.
+dtype, and gamma's as a sum over the batch weighted by the factors. Where the Triton kernels run
+(:mod:`.residual_triton`), one launch does the forward and two the backward, the draw apart: the backbone draws all
+its branches' factors in two launches (:func:`drop_path_factors`). :func:`scaled_residual_norm` adds the LayerNorm
+that follows the attention's branch to the same launches.
 """
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
+from . import dispatch
 
-def drop_path_factors(batch: int, drop_prob: float, like: Tensor) -> Tensor:
-    """DropPath's per-sample factors: 0 with probability ``drop_prob``, else ``1 / (1 - drop_prob)``, a
-    (batch, 1, 1, 1) tensor of the dtype and device of ``like`` (the layer scale, whose product they join)."""
-    keep_prob = 1 - drop_prob
-    return like.new_empty((batch, 1, 1, 1)).bernoulli_(keep_prob).div_(keep_prob)
+
+def drop_path_factors(keep_probs: Tensor, batch: int) -> Tensor:
+    """DropPath's per-sample factors of n branches at once, in two launches: for branch i, 0 with probability
+    ``1 - keep_probs[i]``, else ``1 / keep_probs[i]``.
+
+    Args:
+        keep_probs: (n,) probabilities of keeping each branch.
+        batch: B.
+
+    Returns:
+        (n, B, 1, 1, 1) in the dtype and on the device of keep_probs; row i is branch i's ``factors`` for
+        :func:`scaled_residual`.
+    """
+    keep = keep_probs.view(-1, 1, 1, 1, 1)
+    draws = keep_probs.new_empty((keep_probs.shape[0], batch, 1, 1, 1))
+    return draws.bernoulli_(keep.expand_as(draws)).div_(keep)
 
 
 class _ScaledResidual(torch.autograd.Function):
@@ -45,16 +61,41 @@ class _ScaledResidual(torch.autograd.Function):
         return grad, grad_branch, grad_gamma, None
 
 
-def scaled_residual(x: Tensor, branch: Tensor, gamma: Tensor, factors: Optional[Tensor] = None) -> Tensor:
+def scaled_residual(x: Tensor, branch: Tensor, gamma: Tensor, factors: Optional[Tensor] = None,
+                    impl: str = 'torch') -> Tensor:
     """``x + factors * gamma * branch``.
 
     Args:
         x: (B, C, H, W), the residual stream.
         branch: (B, C, H, W), what the branch computed (it may be in autocast's lower precision).
         gamma: (1, C, 1, 1) layer scale.
-        factors: (B, 1, 1, 1) per-sample factors of stochastic depth (:func:`drop_path_factors`), or None.
+        factors: (B, 1, 1, 1) per-sample factors of stochastic depth (a row of :func:`drop_path_factors`), or None.
+        impl: 'auto', 'triton' or 'torch' (:func:`~.dispatch.uses_triton`).
 
     Returns:
-        (B, C, H, W) in the promoted dtype of x and branch.
+        (B, C, H, W) in the promoted dtype of x, branch and gamma.
     """
+    if dispatch.uses_triton(impl, x):
+        return dispatch.residual_triton.scaled_residual(x, branch, gamma, factors)
     return _ScaledResidual.apply(x, branch, gamma, factors)
+
+
+def scaled_residual_norm(x: Tensor, branch: Tensor, gamma: Tensor, factors: Optional[Tensor], weight: Tensor,
+                         bias: Tensor, eps: float, impl: str = 'torch') -> Tuple[Tensor, Tensor]:
+    """:func:`scaled_residual` and the LayerNorm of its result over the channels: the stream after the attention's
+    branch and the FFN's input.
+
+    Args:
+        x, branch, gamma, factors, impl: as in :func:`scaled_residual`.
+        weight, bias: (C,) the LayerNorm's; eps: its epsilon.
+
+    Returns:
+        The (B, C, H, W) stream, and its normalised (B, C, H, W) map: in fp32 under autocast in torch operators, as
+        autocast's layer_norm gives it; in autocast's dtype in the Triton kernel, which the next conv would cast it
+        to.
+    """
+    if dispatch.uses_triton(impl, x):
+        return dispatch.residual_triton.scaled_residual_norm(x, branch, gamma, factors, weight, bias, eps)
+    out = _ScaledResidual.apply(x, branch, gamma, factors)
+    normed = F.layer_norm(out.permute(0, 2, 3, 1), weight.shape, weight, bias, eps).permute(0, 3, 1, 2)
+    return out, normed

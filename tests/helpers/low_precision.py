@@ -3,6 +3,8 @@ as test parameters."""
 import pytest
 import torch
 
+from mala_mm.ops.dispatch import mala_triton  # None where Triton is not installed
+
 
 def cpu_autocast_takes(dtype) -> bool:
     try:
@@ -22,10 +24,6 @@ DTYPES = [pytest.param(dtype, id=NAMES[dtype], marks=MARKS.get(dtype, ())) for d
 
 # MALA attention's implementations, as test parameters: the Triton kernels run on the GPU where there is one, else on
 # the CPU in Triton's interpreter (tests/conftest.py)
-try:
-    from mala_mm.models.layers import mala_triton
-except ImportError:
-    mala_triton = None
 TRITON_DEVICE = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
 IMPL_MARKS = {'triton': pytest.mark.skipif(mala_triton is None,
                                            reason='Triton is not installed (the tests extra installs it)')}
@@ -34,7 +32,7 @@ ATTENTION_IMPLS = [pytest.param(name, marks=IMPL_MARKS.get(name, ())) for name i
 
 def attention_impl(name: str):
     """mala_attention's implementation ``name`` as a function of CPU tensors, returning CPU tensors."""
-    from mala_mm.models.layers import mala_attention
+    from mala_mm.ops.attention import mala_attention
     if name == 'torch':
         return mala_attention
 

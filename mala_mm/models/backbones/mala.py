@@ -10,12 +10,13 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...checkpoint import load_backbone_weights
+from ...ops.conv2d import channels_last_strides
+from ...ops.dispatch import check_impl
+from ...ops.residual import drop_path_factors
 from ...ops.torch_compat import autocast_dtype, autocast_enabled, is_compiling, recompile_limit
 from ...ops.weight_casts import low_precision_weights
 from ..layers import ConvStem, LayerNorm2d, MALAStage
-from ..layers.attention import check_attn_impl
 from ..layers.blocks import call_block
-from ..layers.conv import channels_last_strides
 from .mala_arguments import (MALAConfigError, check_stages, compiled_block, resolve_arch, resolve_attn_types,
                              resolve_init_cfg)
 
@@ -55,10 +56,12 @@ class MALA(BaseModule):
             (docs/dev/benchmarks.md). True, or a dict of ``torch.compile`` arguments (``mode``, ``backend``,
             ``options``, or ``dynamic`` and ``fullgraph`` in place of those above). Parameters and state dict are
             unchanged; tracing and export see the plain forward.
-        attn_impl: how the attention runs: 'triton' in fused Triton kernels (forward and backward, fp32
-            arithmetic whatever the input's precision), 'torch' in torch operators, or 'auto' (default): Triton's
-            for CUDA tensors where Triton is installed, torch's elsewhere. Traced, exported and compiled graphs
-            always take torch's. Both compute the same formula; parameters and state dict are unchanged.
+        attn_impl: how the blocks' operators run (:mod:`mala_mm.ops`: the attention, the depth-wise convs with
+            their residuals, GELU and gate, the residual branches with the LayerNorm after the attention's):
+            'triton' in fused Triton kernels (forward and backward, fp32 arithmetic whatever the input's
+            precision), 'torch' in torch operators, or 'auto' (default): Triton's for CUDA tensors where Triton is
+            installed, torch's elsewhere. Traced, exported and compiled graphs always take torch's. Both compute the
+            same formulas; parameters and state dict are unchanged.
         pretrained: deprecated, as in mmdet's and mmseg's backbones: a path or URL stands for
             ``init_cfg=dict(type='Pretrained', checkpoint=pretrained)`` (mmseg's segmentors pass their
             ``model.pretrained`` here); given with ``init_cfg``, an error.
@@ -104,7 +107,7 @@ class MALA(BaseModule):
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
         self.with_cp = with_cp
-        check_attn_impl(attn_impl, 'MALA: ', MALAConfigError)
+        check_impl(attn_impl, 'MALA: ', MALAConfigError)
 
         self.patch_embed = ConvStem(in_channels, self.embed_dims[0], norm_cfg)
         self.layers = nn.ModuleList(self._stages(arch, drop_path_rate, norm_cfg, attn_impl))
@@ -117,6 +120,10 @@ class MALA(BaseModule):
         for module in self.modules():
             if isinstance(module, nn.Conv2d):
                 module.weight = nn.Parameter(channels_last_strides(module.weight.detach()))
+        # every branch's probability of being kept, stage by stage: training draws all their factors in two launches
+        keep_probs = [p for stage in self.layers for p in stage.keep_probs()]
+        self.register_buffer('keep_probs', torch.tensor(keep_probs), persistent=False)
+        self._drops_paths = min(keep_probs) < 1
         self._freeze_stages()
         # the kinds of block a compiled function serves: a stage's blocks, and where stochastic depth is on, the first
         # block of the first stage apart from the others (its rate is 0, so it has no DropPath)
@@ -190,14 +197,24 @@ class MALA(BaseModule):
         # channels-last throughout: depth-wise convs run about 3x faster on it than on NCHW, and elementwise ops
         # between maps of one layout several times faster than across layouts
         x = self.patch_embed(x.contiguous(memory_format=torch.channels_last))
+        drop_factors = self._drop_path_factors(x.shape[0], run_block)
         outs = []
         for i, stage in enumerate(self.layers):
-            out, x = stage(x, run_block)
+            out, x = stage(x, run_block, drop_factors[i])
             if i in self.out_indices:
                 # LayerNorm2d leaves channels-last strides; mmcv's RoIAlign and other compiled ops read their
                 # input as contiguous NCHW memory and would gather the wrong values from such a map
                 outs.append(self.extra_norms[str(i)](out).contiguous())
         return tuple(outs)
+
+    def _drop_path_factors(self, batch: int, run_block: Callable) -> Sequence[Optional[Tensor]]:
+        """Each stage's stochastic depth factors (:meth:`MALAStage.forward`), drawn for all stages in two launches
+        where an eager training forward drops paths, else None for each (compiled and traced graphs draw their
+        own)."""
+        if not (self.training and self._drops_paths and run_block is call_block
+                and not (torch.jit.is_tracing() or is_compiling())):
+            return [None] * len(self.layers)
+        return drop_path_factors(self.keep_probs, batch).split([2 * len(stage.blocks) for stage in self.layers])
 
     def _freeze_stages(self):
         frozen = []

@@ -1,11 +1,10 @@
-from .attention import (GatedAttention, MALAttention, QKVOProjection, SoftmaxAttention, mala_attention,
-                        softmax_attention)
+from .attention import GatedAttention, MALAttention, QKVOProjection, SoftmaxAttention
 from .blocks import (ATTENTION_KINDS, ConvDownsample, ConvFFN, ConvStem, LayerNorm2d, MALABlock, MALAStage,
                      ResidualDWConv)
-from .rope import RoPE2d, RotaryTables, apply_rope, rope_head_dims
+from .conv import Conv2d
+from .rope import RoPE2d, rope_head_dims
 
 __all__ = [
-    'ATTENTION_KINDS', 'GatedAttention', 'MALAttention', 'QKVOProjection', 'SoftmaxAttention',
-    'mala_attention', 'softmax_attention', 'ConvDownsample', 'ConvFFN', 'ConvStem', 'LayerNorm2d', 'MALABlock',
-    'MALAStage', 'ResidualDWConv', 'RoPE2d', 'RotaryTables', 'apply_rope', 'rope_head_dims'
+    'ATTENTION_KINDS', 'Conv2d', 'ConvDownsample', 'ConvFFN', 'ConvStem', 'GatedAttention', 'LayerNorm2d', 'MALABlock',
+    'MALAStage', 'MALAttention', 'QKVOProjection', 'ResidualDWConv', 'RoPE2d', 'SoftmaxAttention', 'rope_head_dims'
 ]

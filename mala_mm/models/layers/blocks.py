@@ -2,7 +2,7 @@
 
 Module and parameter names follow the released checkpoints so that their state dicts load unchanged.
 """
-from typing import Callable, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import torch
 import torch.utils.checkpoint as cp
@@ -10,11 +10,14 @@ from mmcv.cnn import build_norm_layer
 from mmcv.cnn.bricks import DropPath
 from torch import Tensor, nn
 
-from ...ops.residual import drop_path_factors, scaled_residual
-from ...ops.torch_compat import autocast_enabled, compiling_to_run, is_compiling
+from ...ops.conv2d import channels_last_strides
+from ...ops.depthwise import residual_depthwise_conv
+from ...ops.residual import drop_path_factors, scaled_residual, scaled_residual_norm
+from ...ops.rope import RotaryTables
+from ...ops.torch_compat import compiling_to_run, is_compiling
 from .attention import MALAttention, SoftmaxAttention
-from .conv import Conv2d, channels_last_strides
-from .rope import RoPE2d, RotaryTables
+from .conv import Conv2d
+from .rope import RoPE2d
 
 ATTENTION_KINDS = {'mala': MALAttention, 'softmax': SoftmaxAttention}
 
@@ -73,38 +76,42 @@ class ConvDownsample(nn.Module):
 
 
 class ResidualDWConv(Conv2d):
-    """``x + DWConv(x)``, a depth-wise conv (size-preserving, odd kernel) with its input added back.
+    """``a + DWConv(a)`` with ``a = x``, or ``a = GELU(x)`` where ``gelu``: a depth-wise conv (size-preserving, odd
+    kernel) with its input added back (:func:`~mala_mm.ops.depthwise.residual_depthwise_conv`). The parameters are
+    those of the plain conv, so the state dict is unchanged.
 
-    Computed as one conv whose kernel has 1 added at its centre (the buffer ``centre_tap``, made once): one pass
-    over the map instead of a conv and an add. The parameters are those of the plain conv, so the state dict is
-    unchanged. Under autocast the conv runs in low precision, and the fused form would round the residual stream
-    ``x`` to it once per block; there the conv and the add stay apart, as released, and the sum keeps x's precision.
+    Args:
+        channels: C; kernel_size: k, odd.
+        gelu: apply GELU first (the FFN's activation).
+        attn_impl: the operator's implementation (:mod:`mala_mm.ops.dispatch`).
     """
 
-    def __init__(self, channels: int, kernel_size: int):
+    def __init__(self, channels: int, kernel_size: int, gelu: bool = False, attn_impl: str = 'auto'):
         super().__init__(channels, channels, kernel_size, padding=kernel_size // 2, groups=channels)
+        self.gelu = gelu
+        self.attn_impl = attn_impl
         centre_tap = channels_last_strides(torch.zeros_like(self.weight))
         centre_tap[..., kernel_size // 2, kernel_size // 2] = 1
         self.register_buffer('centre_tap', centre_tap, persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        if autocast_enabled(x.device.type):
-            return x + super().forward(x)
-        return self._conv_forward(x, self.weight + self.centre_tap, self.bias)
+        return residual_depthwise_conv(x, self.weight, self.bias, self.centre_tap, self.gelu, self.attn_impl)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (', gelu=True' if self.gelu else '')
 
 
 class ConvFFN(nn.Module):
-    """conv1x1 (C -> hidden), GELU, residual depth-wise 3x3 conv, conv1x1 (hidden -> C)."""
+    """conv1x1 (C -> hidden), GELU and a residual depth-wise 3x3 conv, conv1x1 (hidden -> C)."""
 
-    def __init__(self, embed_dims: int, hidden_dims: int):
+    def __init__(self, embed_dims: int, hidden_dims: int, attn_impl: str = 'auto'):
         super().__init__()
         self.fc1 = Conv2d(embed_dims, hidden_dims, 1)
-        self.act = nn.GELU()
-        self.dwconv = ResidualDWConv(hidden_dims, 3)
+        self.dwconv = ResidualDWConv(hidden_dims, 3, gelu=True, attn_impl=attn_impl)
         self.fc2 = Conv2d(hidden_dims, embed_dims, 1)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(self.dwconv(self.act(self.fc1(x))))
+        return self.fc2(self.dwconv(self.fc1(x)))
 
 
 class MALABlock(nn.Module):
@@ -120,7 +127,7 @@ class MALABlock(nn.Module):
         drop_path: stochastic depth rate of this block.
         layer_scale_init: initial value of the per-channel scales g1, g2; None disables them.
         with_cp: recompute activations in backward (saves memory when training).
-        attn_impl: 'auto', 'triton' or 'torch' (:data:`~.attention.ATTENTION_IMPLS`).
+        attn_impl: 'auto', 'triton' or 'torch' (:mod:`mala_mm.ops.dispatch`).
     """
 
     def __init__(self, embed_dims: int, num_heads: int, attn_type: str, mlp_ratio: float,
@@ -128,11 +135,12 @@ class MALABlock(nn.Module):
                  attn_impl: str = 'auto'):
         super().__init__()
         self.with_cp = with_cp
-        self.pos = ResidualDWConv(embed_dims, 3)
+        self.attn_impl = attn_impl
+        self.pos = ResidualDWConv(embed_dims, 3, attn_impl=attn_impl)
         self.norm1 = LayerNorm2d(embed_dims)
         self.attn = ATTENTION_KINDS[attn_type](embed_dims, num_heads, attn_impl)
         self.norm2 = LayerNorm2d(embed_dims)
-        self.ffn = ConvFFN(embed_dims, int(mlp_ratio * embed_dims))
+        self.ffn = ConvFFN(embed_dims, int(mlp_ratio * embed_dims), attn_impl)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         if layer_scale_init is None:
             self.gamma_1 = self.gamma_2 = None
@@ -140,33 +148,52 @@ class MALABlock(nn.Module):
             self.gamma_1 = nn.Parameter(torch.full((1, embed_dims, 1, 1), float(layer_scale_init)))
             self.gamma_2 = nn.Parameter(torch.full((1, embed_dims, 1, 1), float(layer_scale_init)))
 
-    def _add_branch(self, x: Tensor, branch: Tensor, gamma: Optional[Tensor]) -> Tensor:
-        """``x + DropPath(gamma * branch)``: in eager mode :func:`~mala_mm.ops.residual.scaled_residual`; traced
-        and compiled graphs record plain operators, which their compilers fuse and export."""
-        if gamma is None:
-            return x + self.drop_path(branch)
-        dropping = self.training and isinstance(self.drop_path, DropPath)
-        if torch.jit.is_tracing() or is_compiling():
-            return x + self.drop_path(gamma * branch) if dropping else torch.addcmul(x, gamma, branch)
-        factors = drop_path_factors(x.shape[0], self.drop_path.drop_prob, gamma) if dropping else None
-        return scaled_residual(x, branch, gamma, factors)
+    @property
+    def drops_paths(self) -> bool:
+        """Whether stochastic depth drops this block's branches now (training, a rate above 0)."""
+        return self.training and isinstance(self.drop_path, DropPath)
 
-    def _forward(self, x: Tensor, rope: Optional[RotaryTables]) -> Tensor:
+    def _add_branch(self, x: Tensor, branch: Tensor, gamma: Optional[Tensor], factors: Optional[Tensor],
+                    norm: Optional[LayerNorm2d] = None):
+        """``x + DropPath(gamma * branch)``, and where ``norm`` is given also ``norm`` of it: in eager mode
+        :mod:`mala_mm.ops.residual`'s operators with the branch's stochastic depth ``factors`` (drawn here where the
+        stage drew none); traced and compiled graphs record plain operators, which their compilers fuse and
+        export."""
+        if gamma is None or torch.jit.is_tracing() or is_compiling():
+            if gamma is None:
+                x = x + self.drop_path(branch)
+            else:
+                x = x + self.drop_path(gamma * branch) if self.drops_paths else torch.addcmul(x, gamma, branch)
+            return x if norm is None else (x, norm(x))
+        if self.drops_paths and factors is None:
+            factors = drop_path_factors(gamma.new_full((1,), 1 - self.drop_path.drop_prob), x.shape[0])[0]
+        factors = factors if self.drops_paths else None
+        if norm is None:
+            return scaled_residual(x, branch, gamma, factors, self.attn_impl)
+        layer_norm = norm.norm
+        return scaled_residual_norm(x, branch, gamma, factors, layer_norm.weight, layer_norm.bias, layer_norm.eps,
+                                    self.attn_impl)
+
+    def _forward(self, x: Tensor, rope: Optional[RotaryTables], drop_factors: Optional[Tensor]) -> Tensor:
+        attn_factors, ffn_factors = (None, None) if drop_factors is None else drop_factors
         x = self.pos(x)
-        x = self._add_branch(x, self.attn(self.norm1(x), rope), self.gamma_1)
-        return self._add_branch(x, self.ffn(self.norm2(x)), self.gamma_2)
+        x, normed = self._add_branch(x, self.attn(self.norm1(x), rope), self.gamma_1, attn_factors, self.norm2)
+        return self._add_branch(x, self.ffn(normed), self.gamma_2, ffn_factors)
 
-    def forward(self, x: Tensor, rope: Optional[RotaryTables] = None) -> Tensor:
-        """x: (B, C, H, W); rope: the stage's RoPE tables for (H, W), or None. Returns (B, C, H, W)."""
+    def forward(self, x: Tensor, rope: Optional[RotaryTables] = None, drop_factors: Optional[Tensor] = None) -> Tensor:
+        """x: (B, C, H, W); rope: the stage's RoPE tables for (H, W), or None; drop_factors: (2, B, 1, 1, 1)
+        stochastic depth factors of the two branches (:func:`~mala_mm.ops.residual.drop_path_factors`), or None
+        to draw them here where they are needed. Returns (B, C, H, W)."""
         if self.with_cp and x.requires_grad:
-            return cp.checkpoint(self._forward, x, rope, use_reentrant=False)
-        return self._forward(x, rope)
+            return cp.checkpoint(self._forward, x, rope, drop_factors, use_reentrant=False)
+        return self._forward(x, rope, drop_factors)
 
 
-def call_block(block: MALABlock, x: Tensor, rope: Optional[RotaryTables]) -> Tensor:
-    """``block(x, rope)``: the function :class:`MALAStage` runs each block through, which ``torch.compile`` may
-    compile (``MALA(compile=...)``): one compiled function for every block of every stage."""
-    return block(x, rope)
+def call_block(block: MALABlock, x: Tensor, rope: Optional[RotaryTables],
+               drop_factors: Optional[Tensor] = None) -> Tensor:
+    """``block(x, rope, drop_factors)``: the function :class:`MALAStage` runs each block through, which
+    ``torch.compile`` may compile (``MALA(compile=...)``): one compiled function for every block of every stage."""
+    return block(x, rope, drop_factors)
 
 
 class MALAStage(nn.Module):
@@ -190,10 +217,16 @@ class MALAStage(nn.Module):
             for rate in drop_paths)
         self.downsample = None if out_dims is None else ConvDownsample(embed_dims, out_dims, norm_cfg)
 
-    def forward(self, x: Tensor, run_block: Callable = call_block):
-        """x: (B, C, H, W); run_block: :func:`call_block` or a compiled version of it. Returns the stage output
-        (B, C, H, W) and its downsampled map (or None)."""
+    def keep_probs(self) -> List[float]:
+        """The probability of keeping each branch, two per block, in the order of :meth:`forward`'s factors."""
+        return [1 - getattr(block.drop_path, 'drop_prob', 0.) for block in self.blocks for _ in range(2)]
+
+    def forward(self, x: Tensor, run_block: Callable = call_block, drop_factors: Optional[Tensor] = None):
+        """x: (B, C, H, W); run_block: :func:`call_block` or a compiled version of it; drop_factors: the
+        (2 depth, B, 1, 1, 1) stochastic depth factors of the blocks' branches (:meth:`keep_probs`), or None.
+        Returns the stage output (B, C, H, W) and its downsampled map (or None)."""
         rope = self.RoPE.tables(*x.shape[-2:], dtype=x.dtype)  # once per stage, also in a traced graph
-        for block in self.blocks:
-            x = run_block(block, x, rope)
+        for i, block in enumerate(self.blocks):
+            factors = drop_factors[2 * i:2 * i + 2] if drop_factors is not None and block.drops_paths else None
+            x = run_block(block, x, rope, factors)
         return x, (None if self.downsample is None else self.downsample(x))

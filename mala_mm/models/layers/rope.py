@@ -1,10 +1,12 @@
-"""Two-dimensional rotary position embedding (RoPE) as MALA uses it."""
+"""Two-dimensional rotary position embedding (RoPE) as MALA uses it: the tables of a stage (:class:`RoPE2d`); the
+rotation itself is :mod:`mala_mm.ops.rope`."""
 from collections import OrderedDict
-from typing import NamedTuple, Type
+from typing import Type
 
 import torch
 from torch import Tensor, nn
 
+from ...ops.rope import RotaryTables
 from ...ops.torch_compat import is_compiling
 
 
@@ -24,32 +26,6 @@ def rope_head_dims(embed_dims: int, num_heads: int, where: str, error: Type[Valu
         split = f' ({embed_dims} channels / {num_heads} heads)' if num_heads > 1 else ''
         raise error(f'{where}the head width {head_dims}{split} must be a multiple of 4 for 2-D RoPE')
     return head_dims
-
-
-class RotaryTables(NamedTuple):
-    """cos and sign-folded sin of every token's angles, each (N, d), float32 (float64 for float64 features).
-
-    ``sin`` holds ``-sin`` at even channels and ``+sin`` at odd ones, so that :func:`apply_rope` needs only a swap
-    of each channel pair, not a negation.
-    """
-    cos: Tensor
-    sin: Tensor
-
-
-def apply_rope(x: Tensor, tables: RotaryTables) -> Tensor:
-    """``RoPE(x) = x * cos + rot(x) * sin``, with ``rot`` mapping each channel pair ``(x_2m, x_2m+1)`` to
-    ``(-x_2m+1, x_2m)``: each pair rotated by its angle.
-
-    Args:
-        x: (..., N, d) features of N tokens.
-        tables: the (N, d) tables of :meth:`RoPE2d.tables`.
-
-    Returns:
-        (..., N, d) in the dtype of x.
-    """
-    features = x.to(tables.cos.dtype)
-    swapped = features.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (x_2m+1, x_2m); the sign is in tables.sin
-    return torch.addcmul(features * tables.cos, swapped, tables.sin).to(x.dtype)
 
 
 class RoPE2d(nn.Module):

@@ -4,7 +4,9 @@ import torch
 
 from mala_tools import reference
 from mala_tools.analysis.attention_scores import score_matrix
-from mala_mm.models.layers import MALAttention, RoPE2d, SoftmaxAttention, apply_rope, mala_attention, softmax_attention
+from mala_mm.models.layers import MALAttention, RoPE2d, SoftmaxAttention
+from mala_mm.ops.attention import mala_attention, softmax_attention
+from mala_mm.ops.rope import apply_rope
 
 B, HEADS, H, W, D = 2, 3, 5, 7, 8
 N = H * W

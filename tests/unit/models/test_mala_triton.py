@@ -7,11 +7,13 @@ batch items and heads, and a chunked reduction (more tiles than one program take
 import pytest
 import torch
 
-from tests.helpers.low_precision import ATTENTION_IMPLS, IMPL_MARKS, TRITON_DEVICE, attention_impl, mala_triton
+from tests.helpers.low_precision import ATTENTION_IMPLS, IMPL_MARKS, TRITON_DEVICE, attention_impl
 from mala_mm import MALA
 from mala_mm.models import MALAConfigError
-from mala_mm.models.layers import MALAttention, QKVOProjection, RoPE2d, SoftmaxAttention, mala_attention
-from mala_mm.models.layers.attention import uses_triton
+from mala_mm.models.layers import MALAttention, QKVOProjection, RoPE2d, SoftmaxAttention
+from mala_mm.ops.attention import mala_attention
+from mala_mm.ops.dispatch import uses_triton
+from mala_mm.ops.rope import apply_rope, rotate_pair
 from mala_tools.reference import relative_error
 
 pytestmark = IMPL_MARKS['triton']
@@ -48,10 +50,12 @@ def test_fp32_outputs_and_gradients_match_fp64(shape, with_rope):
 
 
 def test_fused_projection_gives_views_of_one_channels_last_map():
-    projection = QKVOProjection(32).to(TRITON_DEVICE)
+    projection = QKVOProjection(32, 'triton').to(TRITON_DEVICE)
+    dense_projection = QKVOProjection(32, 'torch').to(TRITON_DEVICE)
+    dense_projection.load_state_dict(projection.state_dict())
     x = torch.randn(2, 32, 6, 9, device=TRITON_DEVICE).contiguous(memory_format=torch.channels_last)
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):  # one conv against four, both in fp32
-        views, dense = projection(x, as_views=True), projection(x)
+        views, dense = projection(x), dense_projection(x)
     assert all(t.data_ptr() == views[0].data_ptr() + i * 32 * t.element_size() for i, t in enumerate(views))
     for view, map_ in zip(views, dense):
         torch.testing.assert_close(view, map_, rtol=1e-5, atol=1e-6)
@@ -75,7 +79,7 @@ def test_fused_module_matches_unfused(kind):
 
 def test_fused_mala_output_is_laid_out_as_a_channels_last_map():
     q, k, v = (torch.randn(2, 3, 20, 8, device=TRITON_DEVICE) for _ in range(3))
-    y = mala_triton.fused_mala_attention(q, k, v)
+    y = mala_attention(q, k, v, impl='triton')
     assert y.transpose(1, 2).is_contiguous()  # (B, N, h, d) in memory: the skeleton views it as (B, C, H, W)
 
 
@@ -116,14 +120,13 @@ def test_bad_attn_impl_is_refused_at_construction():
 
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16, torch.float16])
 def test_rotate_pair_is_apply_rope_on_q_and_k_with_its_gradient(dtype):
-    from mala_mm.models.layers import apply_rope, rope_triton
     torch.manual_seed(0)
     # strided views, as the fused skeleton hands them over: the heads of one conv's channel slices
     qk = torch.randn(2, 2 * 24, 5, 7, device=TRITON_DEVICE, dtype=dtype).contiguous(memory_format=torch.channels_last)
     q, k = (t.permute(0, 2, 3, 1).reshape(2, 35, 2, 12).transpose(1, 2) for t in qk.chunk(2, dim=1))
     q, k = q.detach().requires_grad_(), k.detach().requires_grad_()
     tables = RoPE2d(12).to(TRITON_DEVICE).tables(5, 7, dtype)
-    ours = rope_triton.rotate_pair(q, k, tables)
+    ours = rotate_pair(q, k, tables, impl='triton')
     grads = [torch.randn_like(t) for t in ours]
     torch.autograd.backward(ours, grads)
     ours_grads = [q.grad, k.grad]

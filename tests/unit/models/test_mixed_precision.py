@@ -22,7 +22,8 @@ from tests.helpers.low_precision import (ATTENTION_IMPLS, DTYPES, IMPL_MARKS, LO
 from mala_mm import MALA
 from mala_tools import reference
 from mala_tools.reference import relative_error
-from mala_mm.models.layers import MALAttention, RoPE2d, mala_attention
+from mala_mm.models.layers import MALAttention, RoPE2d
+from mala_mm.ops.attention import mala_attention
 
 
 # torch 2.1.2's CPU scaled_dot_product_attention aborts the process in its bfloat16 backward ("double free or

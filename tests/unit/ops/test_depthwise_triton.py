@@ -9,8 +9,8 @@ items; the low precisions on fewer maps, since rounding is checked element by el
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from tests.helpers.launches import LaunchRecord
 from tests.helpers.low_precision import IMPL_MARKS, TRITON_DEVICE
 from mala_tools.reference import relative_error
 
@@ -146,40 +146,6 @@ def test_shapes_are_checked():
         depthwise_triton.residual_depthwise_conv(x, weight[..., :2, :2], bias, gelu=False)
     with pytest.raises(ValueError, match='one shape'):
         depthwise_triton.gated_depthwise_conv(x, x, x[:, :, :4], weight, bias)
-
-
-class LaunchRecord(TorchDispatchMode):
-    """The kernels that the code under it launches, by name: Triton's, and the ATen operators less the allocations
-    and views, which launch none. The interpreter's own torch calls, while a Triton kernel runs, are not counted."""
-
-    ALLOCATIONS = {'empty', 'empty_like', 'empty_strided', 'new_empty', 'new_empty_strided'}
-
-    def __init__(self, monkeypatch):
-        super().__init__()
-        from triton.runtime.jit import KernelInterface
-        self.launches, self._in_kernel = [], False
-        launcher = KernelInterface.__getitem__
-
-        def counted(kernel, grid):
-            def launch(*args, **kwargs):
-                self.launches.append(kernel.__name__)
-                self._in_kernel = True
-                try:
-                    return launcher(kernel, grid)(*args, **kwargs)
-                finally:
-                    self._in_kernel = False
-            return launch
-        monkeypatch.setattr(KernelInterface, '__getitem__', counted)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        if not (self._in_kernel or func.is_view or name in self.ALLOCATIONS):
-            self.launches.append(f'aten.{name}')
-        return func(*args, **(kwargs or {}))
-
-    def take(self):
-        launches, self.launches = self.launches, []
-        return launches
 
 
 def test_one_launch_a_forward_and_two_a_backward(monkeypatch):

@@ -23,7 +23,7 @@ def test_value_and_gradients_with_and_without_stochastic_depth():
 def test_a_low_precision_branch_gets_its_gradient_in_its_dtype():
     x, branch, gamma = _inputs(torch.float32)
     low = branch.detach().bfloat16().requires_grad_()
-    factors = drop_path_factors(4, 0.5, gamma)
+    factors = drop_path_factors(torch.tensor([0.5]), 4)[0]
     with torch.autocast('cpu', dtype=torch.bfloat16):
         out = scaled_residual(x, low, gamma, factors)
     assert out.dtype == torch.float32
@@ -33,8 +33,10 @@ def test_a_low_precision_branch_gets_its_gradient_in_its_dtype():
     assert torch.allclose(gamma.grad.flatten(), (factors * low.float()).sum((0, 2, 3)), rtol=1e-6)
 
 
-def test_drop_path_factors_drop_whole_samples_and_keep_the_mean():
-    factors = drop_path_factors(20000, 0.25, torch.ones(1, 3, 1, 1, dtype=torch.float64))
-    assert factors.shape == (20000, 1, 1, 1)
-    assert torch.equal(factors.unique(), torch.tensor([0, 4 / 3], dtype=torch.float64))
-    assert abs(factors.mean().item() - 1) < 0.03
+def test_drop_path_factors_drop_whole_samples_and_keep_the_mean_of_each_branch():
+    keep_probs = torch.tensor([0.75, 1.0, 0.5], dtype=torch.float64)
+    factors = drop_path_factors(keep_probs, 20000)
+    assert factors.shape == (3, 20000, 1, 1, 1) and factors.dtype == torch.float64
+    for row, keep in zip(factors, keep_probs.tolist()):
+        assert torch.equal(row.unique(), torch.tensor([0, 1 / keep] if keep < 1 else [1.], dtype=torch.float64))
+        assert abs(row.mean().item() - 1) < 0.03

@@ -4,7 +4,7 @@ from typing import Optional
 import torch.nn.functional as F
 from torch import Tensor
 
-from mala_mm.models.layers import RotaryTables, apply_rope
+from mala_mm.ops.rope import RotaryTables, apply_rope
 
 
 def linear_attention(q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables] = None,

@@ -13,7 +13,7 @@ from torch.autograd.profiler import record_function
 from mala_mm.models import MALA
 from mala_mm.models.layers import (ConvDownsample, ConvFFN, ConvStem, GatedAttention, LayerNorm2d, MALABlock,
                                    MALAttention, MALAStage)
-from mala_mm.models.layers import attention as attention_module
+from mala_mm.ops import attention as attention_ops, rope as rope_ops
 
 PREFIX = 'part: '
 OUTSIDE = 'loss and autograd bookkeeping'
@@ -34,14 +34,14 @@ def part_of(module: nn.Module, parent: Optional[nn.Module], name: str) -> Option
     if isinstance(parent, MALABlock) and name == 'pos':
         return 'position encoding: dwconv 3x3'
     if isinstance(module, GatedAttention):
-        return 'attention: gate (Y + LePE) * o'
+        return 'attention: heads to a map'
     if isinstance(parent, GatedAttention):
-        return {'qkvo': 'attention: qkvo projection 1x1', 'lepe': 'attention: LePE dwconv 5x5',
+        return {'qkvo': 'attention: qkvo projection 1x1', 'lepe': 'attention: LePE dwconv 5x5 and gate',
                 'proj': 'attention: output projection 1x1'}[name]
     if isinstance(module, ConvFFN):
-        return 'FFN: 1x1 convs and GELU'
+        return 'FFN: 1x1 convs'
     if isinstance(parent, ConvFFN) and name == 'dwconv':
-        return 'FFN: dwconv 3x3'
+        return 'FFN: GELU and dwconv 3x3'
     return None
 
 
@@ -76,12 +76,13 @@ def labelled_parts(model: MALA) -> Iterator[None]:
             core = 'attention: MALA core (phi, z, beta, matmuls)' if isinstance(module, MALAttention) \
                 else 'attention: softmax (SDPA)'
             module.attend = labelled(module.attend, core)
-    original_rope = attention_module.apply_rope
-    attention_module.apply_rope = labelled(original_rope, 'attention: RoPE rotation')
+    # both operator modules that rotate call apply_rope by its global name
+    original_rope = rope_ops.apply_rope
+    attention_ops.apply_rope = rope_ops.apply_rope = labelled(original_rope, 'attention: RoPE rotation')
     try:
         yield
     finally:
-        attention_module.apply_rope = original_rope
+        attention_ops.apply_rope = rope_ops.apply_rope = original_rope
         for handle in handles:
             handle.remove()
         for module in model.modules():

@@ -116,12 +116,12 @@ class _FusedMALAttention(torch.autograd.Function):
 
 
 def fused_mala_attention(q: Tensor, k: Tensor, v: Tensor, rope=None, eps: float = 1e-6) -> Tensor:
-    """:func:`~mala_mm.models.layers.attention.mala_attention` in Triton kernels, with the same arguments.
+    """:func:`~mala_mm.ops.attention.mala_attention` in Triton kernels, with the same arguments.
 
     Args:
         q, k, v: (B, h, N, d) fp32, bf16 or fp16 on one device, any strides (a view of a channels-last map's heads
             is read in place).
-        rope: the (N, d) :class:`~mala_mm.models.layers.rope.RotaryTables`, or None.
+        rope: the (N, d) :class:`~mala_mm.ops.rope.RotaryTables`, or None.
         eps: keeps ``1 / z`` finite.
 
     Returns:

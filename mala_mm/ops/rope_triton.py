@@ -1,6 +1,6 @@
 """RoPE of the softmax stages' queries and keys in one Triton kernel, forward and backward.
 
-:func:`~mala_mm.models.layers.rope.apply_rope` takes about five launches a tensor (casts, the pair swap, two
+:func:`~mala_mm.ops.rope.apply_rope` takes about five launches a tensor (casts, the pair swap, two
 products); here one launch rotates a tile of q and the same tile of k, reading them in place (strided views of a
 map's heads) and writing the results in their dtype, laid out as (B, N, h, d), as flash attention reads them. The
 arithmetic is fp32, as apply_rope's.
@@ -80,7 +80,7 @@ def rotate_pair(q: Tensor, k: Tensor, tables) -> Tuple[Tensor, Tensor]:
 
     Args:
         q, k: (B, h, N, d) features of one shape, any strides.
-        tables: the (N, d) :class:`~mala_mm.models.layers.rope.RotaryTables`.
+        tables: the (N, d) :class:`~mala_mm.ops.rope.RotaryTables`.
 
     Returns:
         Two (B, h, N, d) tensors in the dtypes of q and k, laid out as the heads of a channels-last map.

@@ -1,7 +1,7 @@
 """Magnitude-aware linear attention fused into four Triton kernels: two for the forward, two for the backward.
 
 Per batch item and head, with ``phi(x) = elu(x) + 1``, ``s = d^-1/2``, R the RoPE rotation and N tokens, the
-unfused :func:`~mala_mm.models.layers.attention.mala_attention` computes::
+unfused :func:`~mala_mm.ops.attention.mala_attention` computes::
 
     z_i = s phi(q_i) . mean_j phi(k_j),   beta_i = 1 + 1 / (z_i + eps)
     Y_i = beta_i (s / N) R(phi(q_i)) KV - z_i mean_j v_j,   KV = sum_j R(phi(k_j))^T v_j

@@ -1,0 +1,42 @@
+"""The kernels that code launches, counted in the tests of the Triton operators: each Triton launch by its kernel's
+name, and each ATen operator that launches one."""
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+class LaunchRecord(TorchDispatchMode):
+    """The kernels that the code under it launches, by name: Triton's, and the ATen operators less the views and
+    those that allocate or answer a dtype question, which launch none. The interpreter's own torch calls, while a Triton kernel runs, are not counted.
+
+    Args:
+        monkeypatch: pytest's, which patches Triton's launcher for the test.
+    """
+
+    NO_KERNEL = {'empty', 'empty_like', 'empty_strided', 'new_empty', 'new_empty_strided', 'promote_types'}
+
+    def __init__(self, monkeypatch):
+        super().__init__()
+        from triton.runtime.jit import KernelInterface
+        self.launches, self._in_kernel = [], False
+        launcher = KernelInterface.__getitem__
+
+        def counted(kernel, grid):
+            def launch(*args, **kwargs):
+                self.launches.append(kernel.__name__)
+                self._in_kernel = True
+                try:
+                    return launcher(kernel, grid)(*args, **kwargs)
+                finally:
+                    self._in_kernel = False
+            return launch
+        monkeypatch.setattr(KernelInterface, '__getitem__', counted)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if not (self._in_kernel or func.is_view or name in self.NO_KERNEL):
+            self.launches.append(f'aten.{name}')
+        return func(*args, **(kwargs or {}))
+
+    def take(self):
+        """The launches recorded since the last take, and a fresh record."""
+        launches, self.launches = self.launches, []
+        return launches
