@@ -259,7 +259,7 @@ def _mala_values(q, k, v, cos, sin, eps):
     return mala_attention(q, k, v, None if cos is None else RotaryTables(cos, sin), eps)
 
 
-def _residual_values(x, branch, gamma, factors, weight, bias, eps, normed_dtype):
+def _residual_values(x, branch, gamma, factors, weight, bias, eps, normed_dtype, normed_format):
     scale = gamma.view(1, -1, 1, 1) * (1 if factors is None else factors.view(-1, 1, 1, 1))
     out = torch.addcmul(x, branch, scale)
     if weight is None:

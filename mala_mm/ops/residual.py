@@ -81,21 +81,24 @@ def scaled_residual(x: Tensor, branch: Tensor, gamma: Tensor, factors: Optional[
 
 
 def scaled_residual_norm(x: Tensor, branch: Tensor, gamma: Tensor, factors: Optional[Tensor], weight: Tensor,
-                         bias: Tensor, eps: float, impl: str = 'torch') -> Tuple[Tensor, Tensor]:
+                         bias: Tensor, eps: float, impl: str = 'torch', as_output: bool = False
+                         ) -> Tuple[Tensor, Tensor]:
     """:func:`scaled_residual` and the LayerNorm of its result over the channels: the stream after the attention's
-    branch and the FFN's input.
+    branch and the FFN's input, or after a stage's last block and the stage's output.
 
     Args:
         x, branch, gamma, factors, impl: as in :func:`scaled_residual`.
         weight, bias: (C,) the LayerNorm's; eps: its epsilon.
+        as_output: the normalised map leaves the backbone: contiguous (B, C, H, W), which mmcv's compiled operators
+            (RoIAlign) downstream need, in the stream's dtype. Else it is the next conv's input, channels-last.
 
     Returns:
-        The (B, C, H, W) stream, and its normalised (B, C, H, W) map: in fp32 under autocast in torch operators, as
-        autocast's layer_norm gives it; in autocast's dtype in the Triton kernel, which the next conv would cast it
-        to.
+        The (B, C, H, W) stream, and its normalised (B, C, H, W) map: as the next conv's input, in fp32 under
+        autocast in torch operators, as autocast's layer_norm gives it, and in autocast's dtype in the Triton kernel,
+        which the conv would cast it to.
     """
     if dispatch.uses_triton(impl, x):
-        return dispatch.residual_triton.scaled_residual_norm(x, branch, gamma, factors, weight, bias, eps)
+        return dispatch.residual_triton.scaled_residual_norm(x, branch, gamma, factors, weight, bias, eps, as_output)
     out = _ScaledResidual.apply(x, branch, gamma, factors)
     normed = F.layer_norm(out.permute(0, 2, 3, 1), weight.shape, weight, bias, eps).permute(0, 3, 1, 2)
-    return out, normed
+    return out, (normed.contiguous() if as_output else normed)

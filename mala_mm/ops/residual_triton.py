@@ -37,6 +37,13 @@ def _tile(tile, num_pixels, channels, BLOCK_P: tl.constexpr, BLOCK_C: tl.constex
 
 
 @triton.jit
+def _map_offsets(pixels, chans, pixels_per_item, stride_b, stride_p, stride_c):
+    """Offsets of a tile's elements in a map addressed by batch item, pixel within it and channel."""
+    return (pixels // pixels_per_item)[:, None] * stride_b + (pixels % pixels_per_item)[:, None] * stride_p + \
+        chans[None, :] * stride_c
+
+
+@triton.jit
 def _pixel_factors(factors_ptr, pixels, num_pixels, pixels_per_item, HAS_FACTORS: tl.constexpr):
     """Each pixel's batch item's stochastic depth factor (1 without stochastic depth), fp32."""
     factor = tl.full(pixels.shape, 1.0, tl.float32)
@@ -61,9 +68,10 @@ def _normalised(out, valid, channels, eps):
 
 @triton.jit(do_not_specialize=SIZE_ARGS)
 def _residual_kernel(x_ptr, branch_ptr, gamma_ptr, factors_ptr, weight_ptr, bias_ptr, out_ptr, normed_ptr,
-                     num_pixels, pixels_per_item, channels, eps,
+                     stride_nb, stride_np, stride_nc, num_pixels, pixels_per_item, channels, eps,
                      HAS_FACTORS: tl.constexpr, NORM: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
-    """out = x + scale * branch; normed = LayerNorm(out) where NORM."""
+    """out = x + scale * branch; normed = LayerNorm(out) where NORM, at the strides stride_n* (batch item, pixel,
+    channel)."""
     pixels, chans, valid, offsets = _tile(tl.program_id(0), num_pixels, channels, BLOCK_P, BLOCK_C)
     x = tl.load(x_ptr + offsets, mask=valid, other=0.0).to(tl.float32)
     branch = tl.load(branch_ptr + offsets, mask=valid, other=0.0).to(tl.float32)
@@ -75,18 +83,20 @@ def _residual_kernel(x_ptr, branch_ptr, gamma_ptr, factors_ptr, weight_ptr, bias
         xhat, _ = _normalised(out, valid, channels, eps)
         normed = xhat * _channel_vector(weight_ptr, chans, channels)[None, :] + \
             _channel_vector(bias_ptr, chans, channels)[None, :]
-        tl.store(normed_ptr + offsets, normed.to(normed_ptr.dtype.element_ty), mask=valid)
+        normed_offsets = _map_offsets(pixels, chans, pixels_per_item, stride_nb, stride_np, stride_nc)
+        tl.store(normed_ptr + normed_offsets, normed.to(normed_ptr.dtype.element_ty), mask=valid)
 
 
 @triton.jit(do_not_specialize=SIZE_ARGS + ['tiles_per_program'])
 def _residual_grad_kernel(out_ptr, branch_ptr, gamma_ptr, factors_ptr, weight_ptr, grad_ptr, grad_normed_ptr,
-                          grad_stream_ptr, grad_branch_ptr, partial_ptr,
+                          grad_stream_ptr, grad_branch_ptr, partial_ptr, stride_gb, stride_gp, stride_gc,
                           num_pixels, pixels_per_item, channels, eps, tiles_per_program,
                           HAS_FACTORS: tl.constexpr, NORM: tl.constexpr, BLOCK_P: tl.constexpr,
                           BLOCK_C: tl.constexpr):
     """The gradients of the stream (where NORM: the stream's own plus the LayerNorm's; else it is ``grad`` itself
     and not written) and of the branch, for tiles_per_program tiles; the program's sums of the gradients of gamma,
-    and where NORM of the norm's weight and bias, into its row of ``partial`` (3 x channels)."""
+    and where NORM of the norm's weight and bias, into its row of ``partial`` (3 x channels). The normalised map's
+    gradient is read at the strides stride_g* (batch item, pixel, channel)."""
     program = tl.program_id(0)
     chans = tl.arange(0, BLOCK_C)
     gamma = _channel_vector(gamma_ptr, chans, channels)
@@ -100,7 +110,8 @@ def _residual_grad_kernel(out_ptr, branch_ptr, gamma_ptr, factors_ptr, weight_pt
         if NORM:
             out = tl.load(out_ptr + offsets, mask=valid, other=0.0).to(tl.float32)
             xhat, rstd = _normalised(out, valid, channels, eps)
-            grad_normed = tl.load(grad_normed_ptr + offsets, mask=valid, other=0.0).to(tl.float32)
+            grad_normed_offsets = _map_offsets(pixels, chans, pixels_per_item, stride_gb, stride_gp, stride_gc)
+            grad_normed = tl.load(grad_normed_ptr + grad_normed_offsets, mask=valid, other=0.0).to(tl.float32)
             grad_xhat = grad_normed * weight[None, :]
             # LayerNorm's input gradient: rstd (g - mean(g) - xhat mean(g xhat)), means over the channels
             grad += rstd[:, None] * (grad_xhat - tl.sum(grad_xhat, 1)[:, None] / channels
@@ -126,6 +137,15 @@ def _dense_channels_last(t: Tensor) -> Tensor:
     return t.contiguous(memory_format=torch.channels_last)
 
 
+def _pixel_strides(t: Tensor) -> Tuple[Tensor, Tuple[int, int, int]]:
+    """t, or a channels-last copy of it, and its strides over batch items, pixels (row-major) and channels: a
+    channels-last or a contiguous map is read as it is."""
+    _, _, height, width = t.shape
+    if height > 1 and width > 1 and t.stride(2) != width * t.stride(3):
+        t = _dense_channels_last(t)
+    return t, (t.stride(0), t.stride(3) if width > 1 else t.stride(2), t.stride(1))
+
+
 class _Plan:
     """How the kernels split a (B, C, H, W) map: BLOCK_P pixels with all their channels a tile."""
 
@@ -147,17 +167,18 @@ class _ScaledResidual(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, branch: Tensor, gamma: Tensor, factors: Optional[Tensor], weight: Optional[Tensor],
-                bias: Optional[Tensor], eps: float, normed_dtype: Optional[torch.dtype]):
+                bias: Optional[Tensor], eps: float, normed_dtype: Optional[torch.dtype],
+                normed_format: torch.memory_format):
         x, branch = _dense_channels_last(x), _dense_channels_last(branch)
         plan = _Plan(x)
         norm = weight is not None
         # the dtype torch's addcmul would give: the fp32 layer scale lifts a low-precision stream (the stem's output
         # under autocast) to fp32, as in torch operators
         out = torch.empty_like(x, dtype=torch.promote_types(torch.promote_types(x.dtype, branch.dtype), gamma.dtype))
-        normed = torch.empty_like(x, dtype=normed_dtype or out.dtype) if norm else out
+        normed = torch.empty_like(x, dtype=normed_dtype or out.dtype, memory_format=normed_format) if norm else out
         _residual_kernel[(plan.tiles,)](
             x, branch, gamma, x if factors is None else factors, gamma if weight is None else weight,
-            gamma if bias is None else bias, out, normed, *plan.sizes(eps),
+            gamma if bias is None else bias, out, normed, *_pixel_strides(normed)[1], *plan.sizes(eps),
             HAS_FACTORS=factors is not None, NORM=norm, BLOCK_P=plan.block_p, BLOCK_C=plan.block_c)
         ctx.save_for_backward(out, branch, gamma, factors, weight)
         ctx.eps, ctx.stream_dtype = eps, x.dtype
@@ -168,35 +189,41 @@ class _ScaledResidual(torch.autograd.Function):
         out, branch, gamma, factors, weight = ctx.saved_tensors
         norm = weight is not None
         grad = _dense_channels_last(grad)
-        grad_normed = _dense_channels_last(grad_normed) if norm else grad
+        grad_normed, grad_normed_strides = _pixel_strides(grad_normed if norm else grad)
         plan = _Plan(out)
         grad_stream = torch.empty_like(out, dtype=ctx.stream_dtype) if norm else grad.to(ctx.stream_dtype)
         grad_branch = torch.empty_like(branch)
         partial = out.new_empty((plan.programs, 3 * plan.channels), dtype=torch.float32)
         _residual_grad_kernel[(plan.programs,)](
             out, branch, gamma, out if factors is None else factors, gamma if weight is None else weight, grad,
-            grad_normed, grad_stream, grad_branch, partial, *plan.sizes(ctx.eps), plan.tiles_per_program,
+            grad_normed, grad_stream, grad_branch, partial, *grad_normed_strides, *plan.sizes(ctx.eps),
+            plan.tiles_per_program,
             HAS_FACTORS=factors is not None, NORM=norm, BLOCK_P=plan.block_p, BLOCK_C=plan.block_c)
         sums = partial.sum(0)
         channels = plan.channels
         grad_gamma = sums[:channels].view(gamma.shape)
         grads_norm = (sums[channels:2 * channels], sums[2 * channels:]) if norm else (None, None)
-        return grad_stream, grad_branch, grad_gamma, None, *grads_norm, None, None
+        return grad_stream, grad_branch, grad_gamma, None, *grads_norm, None, None, None
 
 
 def scaled_residual(x: Tensor, branch: Tensor, gamma: Tensor, factors: Optional[Tensor] = None) -> Tensor:
     """``x + factors * gamma * branch`` in one launch (two in the backward); the arguments and result of
     :func:`~mala_mm.ops.residual.scaled_residual`, in the promoted dtype of x, branch and gamma."""
-    return _ScaledResidual.apply(x, branch, gamma.reshape(-1), _flat(factors), None, None, 0.0, None)
+    return _ScaledResidual.apply(x, branch, gamma.reshape(-1), _flat(factors), None, None, 0.0, None,
+                                 torch.channels_last)
 
 
 def scaled_residual_norm(x: Tensor, branch: Tensor, gamma: Tensor, factors: Optional[Tensor], weight: Tensor,
-                         bias: Tensor, eps: float) -> Tuple[Tensor, Tensor]:
+                         bias: Tensor, eps: float, as_output: bool = False) -> Tuple[Tensor, Tensor]:
     """:func:`scaled_residual` and the LayerNorm of its result over the channels, in one launch (two in the
-    backward); the normalised map in autocast's dtype where autocast is on, else in the stream's."""
+    backward): the arguments and results of :func:`~mala_mm.ops.residual.scaled_residual_norm`. The normalised map
+    is channels-last in autocast's dtype where autocast is on (the next conv's input), else in the stream's; where
+    ``as_output``, contiguous in the stream's."""
     device = x.device.type
-    normed_dtype = autocast_dtype(device) if autocast_enabled(device) else None
-    return _ScaledResidual.apply(x, branch, gamma.reshape(-1), _flat(factors), weight, bias, eps, normed_dtype)
+    normed_dtype = autocast_dtype(device) if autocast_enabled(device) and not as_output else None
+    normed_format = torch.contiguous_format if as_output else torch.channels_last
+    return _ScaledResidual.apply(x, branch, gamma.reshape(-1), _flat(factors), weight, bias, eps, normed_dtype,
+                                 normed_format)
 
 
 def _flat(factors: Optional[Tensor]) -> Optional[Tensor]:

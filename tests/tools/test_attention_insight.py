@@ -43,7 +43,7 @@ def test_drawn_scores_are_what_the_attention_module_computes(backbone, stage, bl
     _, _, v, o = attention.qkvo
     y = merge_heads(scores @ attention.v, v)
     with torch.no_grad():
-        rebuilt = module.proj((y + module.lepe(v)) * o)
+        rebuilt = module.proj(module.lepe(v, y, o))
     torch.testing.assert_close(rebuilt, attention.output, rtol=1e-4, atol=1e-5)
 
 

@@ -200,11 +200,12 @@ class MALA(BaseModule):
         drop_factors = self._drop_path_factors(x.shape[0], run_block)
         outs = []
         for i, stage in enumerate(self.layers):
-            out, x = stage(x, run_block, drop_factors[i])
-            if i in self.out_indices:
-                # LayerNorm2d leaves channels-last strides; mmcv's RoIAlign and other compiled ops read their
-                # input as contiguous NCHW memory and would gather the wrong values from such a map
-                outs.append(self.extra_norms[str(i)](out).contiguous())
+            # normalised and contiguous: LayerNorm2d leaves channels-last strides, and mmcv's RoIAlign and other
+            # compiled ops read their input as contiguous NCHW memory and would gather the wrong values from such a map
+            out_norm = self.extra_norms[str(i)] if i in self.out_indices else None
+            out, x = stage(x, run_block, drop_factors[i], out_norm)
+            if out_norm is not None:
+                outs.append(out)
         return tuple(outs)
 
     def _drop_path_factors(self, batch: int, run_block: Callable) -> Sequence[Optional[Tensor]]:

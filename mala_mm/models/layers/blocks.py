@@ -154,17 +154,19 @@ class MALABlock(nn.Module):
         return self.training and isinstance(self.drop_path, DropPath)
 
     def _add_branch(self, x: Tensor, branch: Tensor, gamma: Optional[Tensor], factors: Optional[Tensor],
-                    norm: Optional[LayerNorm2d] = None):
-        """``x + DropPath(gamma * branch)``, and where ``norm`` is given also ``norm`` of it: in eager mode
-        :mod:`mala_mm.ops.residual`'s operators with the branch's stochastic depth ``factors`` (drawn here where the
-        stage drew none); traced and compiled graphs record plain operators, which their compilers fuse and
-        export."""
+                    norm: Optional[LayerNorm2d] = None, as_output: bool = False):
+        """``x + DropPath(gamma * branch)``, and where ``norm`` is given also ``norm`` of it (contiguous where
+        ``as_output``): in eager mode :mod:`mala_mm.ops.residual`'s operators with the branch's stochastic depth
+        ``factors`` (drawn here where the stage drew none); traced and compiled graphs record plain operators, which
+        their compilers fuse and export."""
         if gamma is None or torch.jit.is_tracing() or is_compiling():
             if gamma is None:
                 x = x + self.drop_path(branch)
             else:
                 x = x + self.drop_path(gamma * branch) if self.drops_paths else torch.addcmul(x, gamma, branch)
-            return x if norm is None else (x, norm(x))
+            if norm is None:
+                return x
+            return x, (norm(x).contiguous() if as_output else norm(x))
         if self.drops_paths and factors is None:
             factors = drop_path_factors(gamma.new_full((1,), 1 - self.drop_path.drop_prob), x.shape[0])[0]
         factors = factors if self.drops_paths else None
@@ -172,21 +174,24 @@ class MALABlock(nn.Module):
             return scaled_residual(x, branch, gamma, factors, self.attn_impl)
         layer_norm = norm.norm
         return scaled_residual_norm(x, branch, gamma, factors, layer_norm.weight, layer_norm.bias, layer_norm.eps,
-                                    self.attn_impl)
+                                    self.attn_impl, as_output)
 
-    def _forward(self, x: Tensor, rope: Optional[RotaryTables], drop_factors: Optional[Tensor]) -> Tensor:
+    def _forward(self, x: Tensor, rope: Optional[RotaryTables], drop_factors: Optional[Tensor],
+                 out_norm: Optional[LayerNorm2d]):
         attn_factors, ffn_factors = (None, None) if drop_factors is None else drop_factors
         x = self.pos(x)
         x, normed = self._add_branch(x, self.attn(self.norm1(x), rope), self.gamma_1, attn_factors, self.norm2)
-        return self._add_branch(x, self.ffn(normed), self.gamma_2, ffn_factors)
+        return self._add_branch(x, self.ffn(normed), self.gamma_2, ffn_factors, out_norm, as_output=True)
 
-    def forward(self, x: Tensor, rope: Optional[RotaryTables] = None, drop_factors: Optional[Tensor] = None) -> Tensor:
+    def forward(self, x: Tensor, rope: Optional[RotaryTables] = None, drop_factors: Optional[Tensor] = None,
+                out_norm: Optional[LayerNorm2d] = None):
         """x: (B, C, H, W); rope: the stage's RoPE tables for (H, W), or None; drop_factors: (2, B, 1, 1, 1)
         stochastic depth factors of the two branches (:func:`~mala_mm.ops.residual.drop_path_factors`), or None
-        to draw them here where they are needed. Returns (B, C, H, W)."""
+        to draw them here where they are needed; out_norm: the stage's output norm where this is its last block, or
+        None. Returns the (B, C, H, W) output, and where out_norm is given also its contiguous normalised map."""
         if self.with_cp and x.requires_grad:
-            return cp.checkpoint(self._forward, x, rope, drop_factors, use_reentrant=False)
-        return self._forward(x, rope, drop_factors)
+            return cp.checkpoint(self._forward, x, rope, drop_factors, out_norm, use_reentrant=False)
+        return self._forward(x, rope, drop_factors, out_norm)
 
 
 def call_block(block: MALABlock, x: Tensor, rope: Optional[RotaryTables],
@@ -221,12 +226,21 @@ class MALAStage(nn.Module):
         """The probability of keeping each branch, two per block, in the order of :meth:`forward`'s factors."""
         return [1 - getattr(block.drop_path, 'drop_prob', 0.) for block in self.blocks for _ in range(2)]
 
-    def forward(self, x: Tensor, run_block: Callable = call_block, drop_factors: Optional[Tensor] = None):
+    def forward(self, x: Tensor, run_block: Callable = call_block, drop_factors: Optional[Tensor] = None,
+                out_norm: Optional[LayerNorm2d] = None):
         """x: (B, C, H, W); run_block: :func:`call_block` or a compiled version of it; drop_factors: the
-        (2 depth, B, 1, 1, 1) stochastic depth factors of the blocks' branches (:meth:`keep_probs`), or None.
-        Returns the stage output (B, C, H, W) and its downsampled map (or None)."""
+        (2 depth, B, 1, 1, 1) stochastic depth factors of the blocks' branches (:meth:`keep_probs`), or None;
+        out_norm: the norm of the stage's output, or None. Returns the stage output (B, C, H, W), normalised by
+        out_norm and contiguous where it is given, and the downsampled output (or None)."""
         rope = self.RoPE.tables(*x.shape[-2:], dtype=x.dtype)  # once per stage, also in a traced graph
+        out = None
         for i, block in enumerate(self.blocks):
             factors = drop_factors[2 * i:2 * i + 2] if drop_factors is not None and block.drops_paths else None
-            x = run_block(block, x, rope, factors)
-        return x, (None if self.downsample is None else self.downsample(x))
+            if i == len(self.blocks) - 1 and out_norm is not None and run_block is call_block:
+                # eagerly, the last block adds its FFN branch and normalises the sum in one operator
+                x, out = block(x, rope, factors, out_norm)
+            else:
+                x = run_block(block, x, rope, factors)
+        if out is None:
+            out = x if out_norm is None else out_norm(x).contiguous()
+        return out, (None if self.downsample is None else self.downsample(x))

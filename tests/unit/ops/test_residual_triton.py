@@ -95,6 +95,25 @@ def test_a_low_precision_branch_under_autocast():
     assert branch.grad.dtype == torch.bfloat16 and branch.grad.stride() == branch.stride()
 
 
+def test_a_stage_output_is_contiguous_in_the_stream_dtype_and_takes_a_contiguous_gradient():
+    """As the backbone's output: contiguous for mmcv's operators, fp32 under autocast as layer_norm's; the necks
+    hand back a contiguous gradient, which the kernel reads as it is."""
+    inputs = residual_inputs((2, 48, 5, 7), torch.bfloat16)
+    x, branch, gamma, weight, bias = inputs
+    exact_inputs = [t.detach().cpu().double().requires_grad_() for t in inputs]
+    exact = reference(*exact_inputs, None)
+    with torch.autocast(TRITON_DEVICE.type, dtype=torch.bfloat16):
+        ours = residual.scaled_residual_norm(x, branch, gamma, None, weight, bias, 1e-6, impl='triton',
+                                             as_output=True)
+    assert ours[1].is_contiguous() and ours[1].dtype == torch.float32
+    assert_matches_fp64(ours[1], exact[1])
+    upstream = [torch.randn(exact[0].shape, dtype=torch.float64).contiguous(memory_format=torch.channels_last),
+                torch.randn(exact[1].shape, dtype=torch.float64)]
+    grads = gradients_of(ours, inputs, [u.float().to(TRITON_DEVICE) for u in upstream])
+    for grad, expected in zip(grads, gradients_of(exact, exact_inputs, upstream)):
+        assert relative_error(grad.cpu(), expected) < (1e-2 if grad.dtype == torch.bfloat16 else 1e-5)
+
+
 def test_a_backward_program_sums_several_tiles(monkeypatch):
     """With 2 rows of partial sums, a map of 3 x 11 x 13 pixels at 64 channels (64 pixels a tile) makes programs of
     4 tiles, the last past the map."""
