@@ -1,5 +1,6 @@
-"""A block's residual branch added back, and optionally the next LayerNorm, in Triton: one launch a forward, two a
-backward (:func:`~mala_mm.ops.residual.scaled_residual`, :func:`~mala_mm.ops.residual.scaled_residual_norm`).
+"""A block's residual branch added back, and optionally the LayerNorm that reads the sum (the FFN's, or a stage's
+output norm), in Triton: one launch a forward, two a backward (:func:`~mala_mm.ops.residual.scaled_residual`,
+:func:`~mala_mm.ops.residual.scaled_residual_norm`).
 
 Unfused, the branch's scale (layer scale times stochastic depth), its addition and the LayerNorm after it are three
 launches a forward; the backward adds the LayerNorm's gradient, the sum of the two gradients of the residual
@@ -54,6 +55,7 @@ def _pixel_factors(factors_ptr, pixels, num_pixels, pixels_per_item, HAS_FACTORS
 
 @triton.jit
 def _channel_vector(ptr, chans, channels):
+    """A (C,) parameter's values for the tile's channels, fp32."""
     return tl.load(ptr + chans, mask=chans < channels, other=0.0).to(tl.float32)
 
 

@@ -140,7 +140,7 @@ def gated_attention(attn: nn.Module, x: Tensor, frequencies: Tensor, mala_order:
     batch, channels, height, width = x.shape
     heads = attn.num_heads
     q, k, v, o = F.conv2d(x, attn.qkvo.weight, attn.qkvo.bias).chunk(4, dim=1)
-    lepe = attn.lepe(v)
+    lepe = F.conv2d(v, attn.lepe.weight, attn.lepe.bias, padding=attn.lepe.kernel_size[0] // 2, groups=channels)
     angles = rope_angles(frequencies, height, width)
 
     def split_heads(t):  # channel c is position c % d of head c // d; tokens row-major
