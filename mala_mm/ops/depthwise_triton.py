@@ -267,6 +267,11 @@ def _gated_conv_grad_kernel(y_ptr, v_ptr, o_ptr, grad_ptr, weight_ptr, bias_ptr,
                         in_chans, channels, KERNEL, BLOCK_T)
 
 
+
+# whether the kernels run in Triton's interpreter (TRITON_INTERPRET=1 when this module was imported)
+INTERPRETED = not isinstance(_residual_conv_kernel, triton.runtime.JITFunction)
+
+
 def _channels_adjacent(t: Tensor) -> Tensor:
     """t, or a channels-last copy where its channels are not adjacent in memory, as the kernels address them."""
     return t if t.stride(1) == 1 else t.contiguous(memory_format=torch.channels_last)
@@ -303,6 +308,11 @@ class _Plan:
         # 8 elements a thread take the gated conv's backward to 184-196
         block_c = min(32, triton.next_power_of_2(self.channels))
         block_p = 1024 // block_c
+        if INTERPRETED:
+            # Triton's interpreter pays for each operation as well as for each element: there a backbone's maps take
+            # at most about eight tiles of pixels (the tests' small maps keep the GPU's tiles and cross their
+            # boundaries), which takes its tests' time through these kernels to a third
+            block_p = max(block_p, triton.next_power_of_2(triton.cdiv(num_pixels, 8)))
         tiles, channel_tiles = triton.cdiv(num_pixels, block_p), triton.cdiv(self.channels, block_c)
         self.tiles_per_program = max(1, triton.cdiv(tiles, MAX_PARTIAL_ROWS))  # an empty batch has no tiles
         self.num_chunks = triton.cdiv(tiles, self.tiles_per_program)
