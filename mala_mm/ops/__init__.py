@@ -1,1 +1,2 @@
-"""The operators the layers run, apart from the modules: each beside what it replaces, and the torch-version shims."""
+"""The operators the layers run, apart from the modules: each in torch operators beside its Triton kernels, with one
+function that picks the implementation (:mod:`.dispatch`), and the torch-version shims."""
