@@ -260,24 +260,21 @@ def _mala_values(q, k, v, cos, sin, eps):
 
 
 def _residual_values(x, branch, gamma, factors, weight, bias, eps, normed_dtype, normed_format):
-    scale = gamma.view(1, -1, 1, 1) * (1 if factors is None else factors.view(-1, 1, 1, 1))
-    out = torch.addcmul(x, branch, scale)
+    from mala_mm.ops.residual import scaled_residual, scaled_residual_norm
+    gamma, factors = gamma.view(1, -1, 1, 1), None if factors is None else factors.view(-1, 1, 1, 1)
     if weight is None:
-        return out
-    return out, F.layer_norm(out.permute(0, 2, 3, 1), weight.shape, weight, bias, eps).permute(0, 3, 1, 2)
-
-
-def _depthwise_conv(x, weight, bias):
-    return F.conv2d(x, weight.to(x.dtype), bias.to(x.dtype), padding=weight.shape[-1] // 2, groups=x.shape[1])
+        return scaled_residual(x, branch, gamma, factors)
+    return scaled_residual_norm(x, branch, gamma, factors, weight, bias, eps)
 
 
 def _residual_conv_values(x, weight, bias, gelu):
     a = F.gelu(x) if gelu else x
-    return a + _depthwise_conv(a, weight, bias)
+    return a + F.conv2d(a, weight.to(a.dtype), bias.to(a.dtype), padding=weight.shape[-1] // 2, groups=a.shape[1])
 
 
 def _gated_conv_values(y, v, o, weight, bias):
-    return (y + _depthwise_conv(v, weight, bias)) * o
+    from mala_mm.ops.depthwise import gated_depthwise_conv
+    return gated_depthwise_conv(y, v, o, weight, bias)
 
 
 def count(model: nn.Module, step, dtype: Optional[torch.dtype], part_of) -> dict:

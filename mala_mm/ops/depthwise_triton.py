@@ -27,6 +27,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .mala_triton import INTERPRETED
+
 # sizes that change with every image: Triton would compile a kernel again each time one moved between 1, multiples
 # of 16 and other values, with nothing to gain for a size. The strides keep their specialisation: multiples of the
 # channels, they keep their divisibility from image to image, and it tells the compiler how the loads align
@@ -266,10 +268,6 @@ def _gated_conv_grad_kernel(y_ptr, v_ptr, o_ptr, grad_ptr, weight_ptr, bias_ptr,
     _store_partial_sums(partial_ptr + chunk * channels * (KERNEL * KERNEL + 1), grad_weight, grad_bias, chans,
                         in_chans, channels, KERNEL, BLOCK_T)
 
-
-
-# whether the kernels run in Triton's interpreter (TRITON_INTERPRET=1 when this module was imported)
-INTERPRETED = not isinstance(_residual_conv_kernel, triton.runtime.JITFunction)
 
 
 def _channels_adjacent(t: Tensor) -> Tensor:
