@@ -30,7 +30,7 @@ from dense_step import CASES as DENSE_CASES
 from dense_step import build, fake_batch
 from device_check import fixture_errors
 from mala_mm import MALA
-from mala_mm.ops.dispatch import mala_triton
+from mala_mm.ops.dispatch import TRITON_AVAILABLE
 
 # (height, width) of each input, full and --quick (a tenth of detection's sides, a quarter of the dense models';
 # --quick measures the backbone at the detection size alone)
@@ -69,9 +69,14 @@ CONFIGS = {f'{model} {backbone}': config for model, (ours, swin, _) in DENSE_CAS
 Table = Tuple[List[dict], List[str]]  # rows and the columns of their Markdown table
 
 
+def _interpreted() -> bool:
+    from mala_mm.ops.triton_launch import INTERPRETED
+    return INTERPRETED
+
+
 def attn_impls(device) -> List[str]:
     """The attention implementations that run on ``device`` here."""
-    triton_runs = mala_triton is not None and (device.type == 'cuda' or mala_triton.INTERPRETED)
+    triton_runs = TRITON_AVAILABLE and (device.type == 'cuda' or _interpreted())
     return ['torch', 'triton'] if triton_runs else ['torch']
 
 

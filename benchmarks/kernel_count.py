@@ -253,13 +253,13 @@ def _rope_values(x, cos, sin):
     return apply_rope(x, RotaryTables(cos, sin))
 
 
-def _mala_values(q, k, v, cos, sin, eps):
+def _mala_values(q, k, v, cos, sin, eps, rope_type, torch_fallback):
     from mala_mm.ops.attention import mala_attention
     from mala_mm.ops.rope import RotaryTables
     return mala_attention(q, k, v, None if cos is None else RotaryTables(cos, sin), eps)
 
 
-def _residual_values(x, branch, gamma, factors, weight, bias, eps, normed_dtype, normed_format):
+def _residual_values(x, branch, gamma, factors, weight, bias, eps, normed_dtype, normed_format, torch_fallback):
     from mala_mm.ops.residual import scaled_residual, scaled_residual_norm
     gamma, factors = gamma.view(1, -1, 1, 1), None if factors is None else factors.view(-1, 1, 1, 1)
     if weight is None:
@@ -267,12 +267,12 @@ def _residual_values(x, branch, gamma, factors, weight, bias, eps, normed_dtype,
     return scaled_residual_norm(x, branch, gamma, factors, weight, bias, eps)
 
 
-def _residual_conv_values(x, weight, bias, gelu):
+def _residual_conv_values(x, weight, bias, gelu, torch_fallback):
     a = F.gelu(x) if gelu else x
     return a + F.conv2d(a, weight.to(a.dtype), bias.to(a.dtype), padding=weight.shape[-1] // 2, groups=a.shape[1])
 
 
-def _gated_conv_values(y, v, o, weight, bias):
+def _gated_conv_values(y, v, o, weight, bias, torch_fallback):
     from mala_mm.ops.depthwise import gated_depthwise_conv
     return gated_depthwise_conv(y, v, o, weight, bias)
 

@@ -41,8 +41,17 @@ def mala_attention(q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables]
     Returns:
         (B, h, N, d) in the dtype of v.
     """
-    if dispatch.uses_triton(impl, v):
-        return dispatch.mala_triton.fused_mala_attention(q, k, v, rope, eps)
+    if impl == 'torch':
+        return _mala_attention(q, k, v, rope, eps)
+    return dispatch.run(MALA_ATTENTION, impl, v, _fused_mala_attention, q, k, v, rope, eps)
+
+
+def _fused_mala_attention(*args):
+    return dispatch.mala_triton.fused_mala_attention(*args)
+
+
+def _mala_attention(q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables], eps: float) -> Tensor:
+    """:func:`mala_attention` in torch operators."""
     num_tokens, head_dims = q.shape[-2:]
     s = head_dims ** -0.5
     out_dtype, matmul_dtype = v.dtype, _matmul_dtype(v)
@@ -60,6 +69,9 @@ def mala_attention(q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables]
         y = (beta * (s / num_tokens)) * _low_precision_product(phi_q, phi_k, v, matmul_dtype)
         y = y.addcmul_(z, v.mean(-2, keepdim=True), value=-1)                               # gamma_i N = z_i
     return y.to(out_dtype)
+
+
+MALA_ATTENTION = dispatch.Operator('mala_attention', _mala_attention)
 
 
 def _matmul_dtype(x: Tensor) -> torch.dtype:

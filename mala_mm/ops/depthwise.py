@@ -39,12 +39,22 @@ def residual_depthwise_conv(x: Tensor, weight: Tensor, bias: Tensor, centre_tap:
     Returns:
         (B, C, H, W) channels-last, in x's dtype.
     """
-    if dispatch.uses_triton(impl, x):
-        return dispatch.depthwise_triton.residual_depthwise_conv(x, weight, bias, gelu)
+    if impl != 'torch' and dispatch.uses_triton(impl, x, RESIDUAL_DEPTHWISE_CONV):
+        return dispatch.run(RESIDUAL_DEPTHWISE_CONV, impl, x, _fused_residual_depthwise_conv, x, weight, bias, gelu)
     a = F.gelu(x) if gelu else x
     if autocast_enabled(x.device.type):
         return a + _depthwise_conv(a, weight, bias)
     return _depthwise_conv(a, weight + centre_tap, bias)
+
+
+def _fused_residual_depthwise_conv(*args):
+    return dispatch.depthwise_triton.residual_depthwise_conv(*args)
+
+
+def _residual_depthwise_conv(x: Tensor, weight: Tensor, bias: Tensor, gelu: bool) -> Tensor:
+    """:func:`residual_depthwise_conv` in plain torch operators, where its kernels fail on a GPU."""
+    a = F.gelu(x) if gelu else x
+    return a + _depthwise_conv(a, weight, bias)
 
 
 def gated_depthwise_conv(y: Tensor, v: Tensor, o: Tensor, weight: Tensor, bias: Tensor,
@@ -60,6 +70,18 @@ def gated_depthwise_conv(y: Tensor, v: Tensor, o: Tensor, weight: Tensor, bias: 
     Returns:
         (B, C, H, W) channels-last; in the kernels o's dtype, in torch operators the promoted one.
     """
-    if dispatch.uses_triton(impl, v):
-        return dispatch.depthwise_triton.gated_depthwise_conv(y, v, o, weight, bias)
+    if impl == 'torch':
+        return _gated_depthwise_conv(y, v, o, weight, bias)
+    return dispatch.run(GATED_DEPTHWISE_CONV, impl, v, _fused_gated_depthwise_conv, y, v, o, weight, bias)
+
+
+def _fused_gated_depthwise_conv(*args):
+    return dispatch.depthwise_triton.gated_depthwise_conv(*args)
+
+
+def _gated_depthwise_conv(y: Tensor, v: Tensor, o: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     return (y + _depthwise_conv(v, weight, bias)) * o
+
+
+RESIDUAL_DEPTHWISE_CONV = dispatch.Operator('residual_depthwise_conv', _residual_depthwise_conv)
+GATED_DEPTHWISE_CONV = dispatch.Operator('gated_depthwise_conv', _gated_depthwise_conv)

@@ -20,14 +20,14 @@ The backward's kernel writes the inputs' gradients and, each program, its sums o
 gradients over the pixels it took into its own row of one fp32 workspace; one ``sum(0)`` over the rows gives both,
 as views of its result. No atomics: the gradients are the same from run to run.
 """
-from typing import Tuple
+from typing import Callable, Iterator, Optional, Tuple
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from .mala_triton import INTERPRETED
+from .triton_launch import GPU, INTERPRETER_GPU, KernelUnavailable, gpu_of, launch, torch_gradients
 
 # sizes that change with every image: Triton would compile a kernel again each time one moved between 1, multiples
 # of 16 and other values, with nothing to gain for a size. The strides keep their specialisation: multiples of the
@@ -293,20 +293,39 @@ def _check_shapes(name: str, like: Tensor, weight: Tensor, bias: Tensor):
                          f'{tuple(like.shape)}, {tuple(weight.shape)} and {tuple(bias.shape)}')
 
 
-class _Plan:
+def tile_shape(channels: int) -> Tuple[int, int]:
+    """(BLOCK_P, BLOCK_C) of a map of ``channels`` channels on a GPU: 1024 elements a tile over 8 warps, 4 a
+    thread, which compile without spilling on every GPU Triton serves (tools/compile_kernels.py); 8 elements a thread
+    take the gated conv's backward to 184-196 registers. MALA's maps have multiples of 32 channels: no tile half
+    empty."""
+    block_c = min(32, triton.next_power_of_2(channels))
+    return 1024 // block_c, block_c
+
+
+def variants(gpu: GPU) -> Iterator[Tuple[object, dict]]:
+    """(kernel, its options) of each variant the launchers make (the same on every GPU): the position encoding's
+    and the FFN's 3x3 convs, and LePE's 5x5."""
+    for kernel_size in (3, 5):
+        plan = DepthwisePlan(torch.empty(1, 64, 8, 8), torch.empty(64, 1, kernel_size, kernel_size), gpu)
+        if kernel_size == 3:
+            for gelu in (False, True):
+                yield _residual_conv_kernel, dict(plan.options, GELU=gelu)
+                yield _residual_conv_grad_kernel, dict(plan.grad_options, GELU=gelu)
+        else:
+            yield _gated_conv_kernel, dict(plan.options)
+            yield _gated_conv_grad_kernel, dict(plan.grad_options)
+
+
+class DepthwisePlan:
     """How the kernels of one call split (B, C, H, W) maps: tiles of pixels by channels, for the forward one
     program a tile, for the backward one program a chunk of tiles_per_program tiles."""
 
-    def __init__(self, like: Tensor, weight: Tensor):
+    def __init__(self, like: Tensor, weight: Tensor, gpu: GPU):
         batch, self.channels, height, width = like.shape
         num_pixels = batch * height * width
         self.kernel = weight.shape[-1]
-        # MALA's maps have multiples of 32 channels: no tile half empty. 1024 elements a tile over 8 warps, 4 a
-        # thread: ptxas (sm_90, Triton 3.9) gives the kernels of 32-channel tiles 46 to 124 registers and no spills;
-        # 8 elements a thread take the gated conv's backward to 184-196
-        block_c = min(32, triton.next_power_of_2(self.channels))
-        block_p = 1024 // block_c
-        if INTERPRETED:
+        block_p, block_c = tile_shape(self.channels)
+        if gpu is INTERPRETER_GPU:
             # Triton's interpreter pays for each operation as well as for each element: there a backbone's maps take
             # at most about eight tiles of pixels (the tests' small maps keep the GPU's tiles and cross their
             # boundaries), which takes its tests' time through these kernels to a third
@@ -317,7 +336,7 @@ class _Plan:
         self.tile_grid = (tiles, channel_tiles)
         self.chunk_grid = (self.num_chunks, channel_tiles)
         self.sizes = (self.channels, height, width, num_pixels)
-        self.options = dict(KERNEL=self.kernel, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8)
+        self.options = dict(KERNEL=self.kernel, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8, maxnreg=255)
         # the weight's gradient of a program, one row of taps per channel, padded to a power of two
         self.grad_options = dict(self.options, BLOCK_T=triton.next_power_of_2(self.kernel ** 2))
         self._device = like.device
@@ -340,56 +359,79 @@ def _parameter_grads(partial: Tensor, weight: Tensor) -> Tuple[Tensor, Tensor]:
 class _ResidualDepthwiseConv(torch.autograd.Function):
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor, gelu: bool):
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor, gelu: bool, torch_fallback: Optional[Callable]):
         x, weight, bias = _channels_adjacent(x), weight.contiguous(), bias.contiguous()
-        plan = _Plan(x, weight)
+        plan = DepthwisePlan(x, weight, gpu_of(x))
         out = _channels_last_empty(x)
-        _residual_conv_kernel[plan.tile_grid](x, weight, bias, out, *_map_strides(x), *_map_strides(out), *plan.sizes,
-                                              GELU=gelu, **plan.options)
-        ctx.save_for_backward(x, weight)
-        ctx.gelu = gelu
+        launch(_residual_conv_kernel, plan.tile_grid, x, weight, bias, out, *_map_strides(x), *_map_strides(out),
+               *plan.sizes, GELU=gelu, **plan.options)
+        ctx.save_for_backward(x, weight, bias)
+        ctx.gelu, ctx.torch_fallback = gelu, torch_fallback
         return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        x, weight = ctx.saved_tensors
-        grad = _channels_adjacent(grad)
-        plan = _Plan(x, weight)
-        grad_x, partial = torch.empty_like(x), plan.partial_sums()
-        _residual_conv_grad_kernel[plan.chunk_grid](
-            x, grad, weight, grad_x, partial, *_map_strides(x), *_map_strides(grad), *_map_strides(grad_x),
-            *plan.sizes, plan.tiles_per_program, GELU=ctx.gelu, **plan.grad_options)
-        return (grad_x, *_parameter_grads(partial, weight), None)
+        x, weight, bias = ctx.saved_tensors
+        try:
+            return (*_residual_conv_grads(x, weight, grad, ctx.gelu), None, None)
+        except KernelUnavailable as error:
+            if ctx.torch_fallback is None:
+                raise
+            ctx.torch_fallback.unavailable(error)
+            return (*torch_gradients(lambda *args: ctx.torch_fallback(*args, ctx.gelu), (x, weight, bias), (grad,)),
+                    None, None)
+
+
+def _residual_conv_grads(x: Tensor, weight: Tensor, grad: Tensor, gelu: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    grad = _channels_adjacent(grad)
+    plan = DepthwisePlan(x, weight, gpu_of(x))
+    grad_x, partial = torch.empty_like(x), plan.partial_sums()
+    launch(_residual_conv_grad_kernel, plan.chunk_grid, x, grad, weight, grad_x, partial, *_map_strides(x),
+           *_map_strides(grad), *_map_strides(grad_x), *plan.sizes, plan.tiles_per_program, GELU=gelu,
+           **plan.grad_options)
+    return (grad_x, *_parameter_grads(partial, weight))
 
 
 class _GatedDepthwiseConv(torch.autograd.Function):
 
     @staticmethod
-    def forward(ctx, y: Tensor, v: Tensor, o: Tensor, weight: Tensor, bias: Tensor):
+    def forward(ctx, y: Tensor, v: Tensor, o: Tensor, weight: Tensor, bias: Tensor,
+                torch_fallback: Optional[Callable]):
         y, v, o = (_channels_adjacent(t) for t in (y, v, o))
         weight, bias = weight.contiguous(), bias.contiguous()
-        plan = _Plan(v, weight)
+        plan = DepthwisePlan(v, weight, gpu_of(v))
         out = _channels_last_empty(o)
-        _gated_conv_kernel[plan.tile_grid](y, v, o, weight, bias, out, *_map_strides(y), *_map_strides(v),
-                                           *_map_strides(o), *_map_strides(out), *plan.sizes, **plan.options)
+        launch(_gated_conv_kernel, plan.tile_grid, y, v, o, weight, bias, out, *_map_strides(y), *_map_strides(v),
+               *_map_strides(o), *_map_strides(out), *plan.sizes, **plan.options)
         ctx.save_for_backward(y, v, o, weight, bias)
+        ctx.torch_fallback = torch_fallback
         return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        y, v, o, weight, bias = ctx.saved_tensors
-        grad = _channels_adjacent(grad)
-        plan = _Plan(v, weight)
-        grad_y, grad_v, grad_o = (_channels_last_empty(t) for t in (y, v, o))
-        partial = plan.partial_sums()
-        _gated_conv_grad_kernel[plan.chunk_grid](
-            y, v, o, grad, weight, bias, grad_y, grad_v, grad_o, partial, *_map_strides(y), *_map_strides(v),
-            *_map_strides(o), *_map_strides(grad), *_map_strides(grad_y), *plan.sizes, plan.tiles_per_program,
-            **plan.grad_options)
-        return (grad_y, grad_v, grad_o, *_parameter_grads(partial, weight))
+        inputs = ctx.saved_tensors
+        try:
+            return (*_gated_conv_grads(*inputs, grad), None)
+        except KernelUnavailable as error:
+            if ctx.torch_fallback is None:
+                raise
+            ctx.torch_fallback.unavailable(error)
+            return (*torch_gradients(ctx.torch_fallback, inputs, (grad,)), None)
 
 
-def residual_depthwise_conv(x: Tensor, weight: Tensor, bias: Tensor, gelu: bool) -> Tensor:
+def _gated_conv_grads(y: Tensor, v: Tensor, o: Tensor, weight: Tensor, bias: Tensor, grad: Tensor) -> tuple:
+    grad = _channels_adjacent(grad)
+    plan = DepthwisePlan(v, weight, gpu_of(v))
+    grad_y, grad_v, grad_o = (_channels_last_empty(t) for t in (y, v, o))
+    partial = plan.partial_sums()
+    launch(_gated_conv_grad_kernel, plan.chunk_grid, y, v, o, grad, weight, bias, grad_y, grad_v, grad_o, partial,
+           *_map_strides(y), *_map_strides(v), *_map_strides(o), *_map_strides(grad), *_map_strides(grad_y),
+           *plan.sizes, plan.tiles_per_program, **plan.grad_options)
+    return (grad_y, grad_v, grad_o, *_parameter_grads(partial, weight))
+
+
+def residual_depthwise_conv(x: Tensor, weight: Tensor, bias: Tensor, gelu: bool,
+                            torch_fallback: Optional[Callable] = None) -> Tensor:
     """``a + conv2d(a, weight, bias, padding=k // 2, groups=C)`` with ``a = GELU(x)`` (exact, erf) or ``a = x``, in
     one launch; its backward takes two.
 
@@ -399,15 +441,19 @@ def residual_depthwise_conv(x: Tensor, weight: Tensor, bias: Tensor, gelu: bool)
         weight: (C, 1, k, k) depth-wise kernel, k odd, and bias: (C,); both read in their dtype (fp32 parameters,
             under autocast too) and given fp32 gradients, the weight's with its strides.
         gelu: whether the conv and the residual take GELU(x) rather than x.
+        torch_fallback: where the backward's kernel fails on the GPU, the :class:`~.dispatch.Operator` that gives
+            the gradients in torch operators instead (called with x, weight, bias and gelu); None: the error stops
+            the backward.
 
     Returns:
         (B, C, H, W) in x's dtype, channels-last. Arithmetic is fp32; x's gradient takes x's dtype and strides.
     """
     _check_shapes('residual_depthwise_conv', x, weight, bias)
-    return _ResidualDepthwiseConv.apply(x, weight, bias, gelu)
+    return _ResidualDepthwiseConv.apply(x, weight, bias, gelu, torch_fallback)
 
 
-def gated_depthwise_conv(y: Tensor, v: Tensor, o: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+def gated_depthwise_conv(y: Tensor, v: Tensor, o: Tensor, weight: Tensor, bias: Tensor,
+                         torch_fallback: Optional[Callable] = None) -> Tensor:
     """``(y + conv2d(v, weight, bias, padding=k // 2, groups=C)) * o`` in one launch; its backward takes two.
 
     Args:
@@ -416,6 +462,7 @@ def gated_depthwise_conv(y: Tensor, v: Tensor, o: Tensor, weight: Tensor, bias: 
             maps are copied to channels-last first).
         weight: (C, 1, k, k) depth-wise kernel, k odd, and bias: (C,); both read in their dtype (fp32 parameters,
             under autocast too) and given fp32 gradients, the weight's with its strides.
+        torch_fallback: as in :func:`residual_depthwise_conv` (called with y, v, o, weight and bias).
 
     Returns:
         (B, C, H, W) in o's dtype, channels-last. Arithmetic is fp32; the gradients of y, v and o take their
@@ -425,4 +472,4 @@ def gated_depthwise_conv(y: Tensor, v: Tensor, o: Tensor, weight: Tensor, bias: 
         raise ValueError(f'gated_depthwise_conv: y, v and o must have one shape, got {tuple(y.shape)}, '
                          f'{tuple(v.shape)} and {tuple(o.shape)}')
     _check_shapes('gated_depthwise_conv', v, weight, bias)
-    return _GatedDepthwiseConv.apply(y, v, o, weight, bias)
+    return _GatedDepthwiseConv.apply(y, v, o, weight, bias, torch_fallback)

@@ -1,47 +1,60 @@
 """Magnitude-aware linear attention in Triton kernels (:mod:`.mala_triton_kernels`), as an autograd function:
-how one call splits its (B, h, N, d) features into tiles and chunks, and the four launches, two for the forward
-and two for the backward.
+how one call splits its (B, h, N, d) features into blocks, tiles and chunks on the GPU it runs on, and the four
+launches, two for the forward and two for the backward.
 """
-from typing import Optional, Tuple
+from typing import Callable, Iterator, Optional, Tuple
 
 import torch
 import triton
 from torch import Tensor
 
 from .mala_triton_kernels import key_value_grad_kernel, output_kernel, query_grad_kernel, state_kernel
+from .triton_launch import GPU, KernelUnavailable, gpu_of, launch, torch_gradients
 
 # programs the state reduction aims for, over all chunks, batch items and heads: a few per SM of a large GPU, so
 # that one head of 64,000 tokens (MALA-T's first stage at 1333 x 800) spreads over the GPU
 TARGET_PROGRAMS = 512
 
+KERNELS = (state_kernel, output_kernel, query_grad_kernel, key_value_grad_kernel)
 
-# whether the kernels run in Triton's interpreter (TRITON_INTERPRET=1 when this module was imported), which runs
-# them on CPU tensors
-INTERPRETED = not isinstance(state_kernel, triton.runtime.JITFunction)
-
-
-def padded_head_dims(head_dims: int) -> int:
-    """The head width a kernel's tile holds: the next power of two, at least 16 (``tl.dot``'s smallest tile)."""
-    return max(16, triton.next_power_of_2(head_dims))
-
-
-def _tiles(head_dims: int) -> Tuple[int, int, dict]:
-    """BLOCK_N (tokens a tile), BLOCK_D (padded head width) and the launch options: a d x d fp32 state and its
-    gradient stay in registers up to d = 64; wider heads (96 in MALA-B and -L) take half as many tokens a tile,
-    twice the warps and no software pipelining: pipelined, the query gradient's kernel asks for 240 KiB of shared
-    memory (Triton 3.6, d = 96), more than an H200's 227 KiB."""
-    block_d = padded_head_dims(head_dims)
-    if block_d <= 64:
-        return 64, block_d, dict(num_warps=4)
-    return 32, block_d, dict(num_warps=8, num_stages=1)
+# (tokens a tile, warps) of each kernel by the width of the state's blocks: the largest tiles that compile without
+# spilling registers to local memory on every GPU Triton serves (tools/compile_kernels.py checks each GPU's plan).
+# ptxas caps a thread's registers below what the block allows unless told (maxnreg), and spills
+TILES = {
+    64: {'state_kernel': (32, 8), 'output_kernel': (16, 8), 'query_grad_kernel': (16, 8),
+         'key_value_grad_kernel': (16, 8)},
+    32: {'state_kernel': (32, 4), 'output_kernel': (32, 4), 'query_grad_kernel': (32, 8),
+         'key_value_grad_kernel': (32, 4)},
+}
+TILES[16] = TILES[32]  # heads of 16 channels or fewer (tests, custom archs), with less in registers than 32
 
 
-def _chunks(num_tokens: int, batch_heads: int, block_n: int) -> Tuple[int, int]:
-    """(tokens a chunk, number of chunks) for the reductions over tokens: about TARGET_PROGRAMS programs in all."""
-    blocks = triton.cdiv(num_tokens, block_n)
-    wanted = max(1, min(blocks, TARGET_PROGRAMS // batch_heads))
-    blocks_a_chunk = triton.cdiv(blocks, wanted)
-    return blocks_a_chunk * block_n, triton.cdiv(blocks, blocks_a_chunk)
+def block_width(head_dims: int) -> int:
+    """The width of the state's blocks for heads of ``head_dims`` channels: of 64, 32 and 16 (``tl.dot``'s
+    smallest), the one that pads the head width least, the widest of those (96 takes three blocks of 32)."""
+    return min((64, 32, 16), key=lambda width: (triton.cdiv(head_dims, width) * width, -width))
+
+
+def kernel_options(kernel_name: str, head_dims: int, has_rope: bool, gpu: GPU) -> dict:
+    """The constexprs and launch options of a kernel for heads of ``head_dims`` channels on ``gpu``."""
+    block_d = block_width(head_dims)
+    block_n, num_warps = TILES[block_d][kernel_name]
+    return dict(HAS_ROPE=has_rope, BLOCK_N=block_n, BLOCK_D=block_d, NUM_BLOCKS=triton.cdiv(head_dims, block_d),
+                num_warps=num_warps, num_stages=1, maxnreg=registers_a_thread(num_warps))
+
+
+def registers_a_thread(num_warps: int) -> int:
+    """The most registers a thread may take in a block of ``num_warps`` warps: an SM's 65,536, at most 255."""
+    return min(255, 65536 // (32 * num_warps))
+
+
+def variants(gpu: GPU) -> Iterator[Tuple[object, dict]]:
+    """(kernel, its options) of each variant the launcher makes on ``gpu``: MALA-T/S's 64-wide heads and MALA-B/L's
+    96-wide ones, with and without RoPE."""
+    for head_dims in (64, 96):
+        for has_rope in (False, True):
+            for kernel in KERNELS:
+                yield kernel, kernel_options(kernel.__name__, head_dims, has_rope, gpu)
 
 
 def strides(t: Tensor) -> Tuple[int, int, int]:
@@ -61,61 +74,89 @@ def unit_stride(t: Tensor) -> Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-class _Plan:
-    """How the kernels of one call split (B, h, N, d) features: tiles, chunks, grids and launch options."""
+class AttentionPlan:
+    """How the kernels of one call split (B, h, N, d) features on the GPU they run on: the state's blocks, the
+    chunks of the reductions over tokens, the grids and each kernel's options."""
 
     def __init__(self, q: Tensor, cos: Optional[Tensor], sin: Optional[Tensor]):
         batch, self.heads, self.num_tokens, self.head_dims = q.shape
         self.scale = self.head_dims ** -0.5
-        block_n, self.block_d, launch = _tiles(self.head_dims)
         self.batch_heads = batch * self.heads
-        self.chunk_tokens, self.num_chunks = _chunks(self.num_tokens, self.batch_heads, block_n)
-        self.chunk_grid = (self.num_chunks, self.batch_heads)
-        self.tile_grid = (triton.cdiv(self.num_tokens, block_n), self.batch_heads)
+        gpu = gpu_of(q)
+        self.options = {kernel: kernel_options(kernel.__name__, self.head_dims, cos is not None, gpu)
+                        for kernel in KERNELS}
+        width = self.options[state_kernel]['BLOCK_D'] * self.options[state_kernel]['NUM_BLOCKS']
+        self.state_shape = (width + 2, width)
+        # the two kernels that reduce chunks share them: a chunk holds whole tiles of both
+        chunk_block = max(self.options[kernel]['BLOCK_N'] for kernel in (state_kernel, query_grad_kernel))
+        blocks = triton.cdiv(self.num_tokens, chunk_block)
+        wanted = max(1, min(blocks, TARGET_PROGRAMS // max(1, self.batch_heads)))
+        blocks_a_chunk = max(1, triton.cdiv(blocks, wanted))
+        self.chunk_tokens, self.num_chunks = blocks_a_chunk * chunk_block, triton.cdiv(blocks, blocks_a_chunk)
         self.rope = (cos.contiguous(), sin.contiguous()) if cos is not None else (q, q)  # unread without RoPE
-        self.options = dict(HAS_ROPE=cos is not None, BLOCK_N=block_n, BLOCK_D=self.block_d, **launch)
         self._like = q
 
+    def chunk_grid(self) -> Tuple[int]:
+        return (self.num_chunks * self.batch_heads,)
+
+    def tile_grid(self, kernel) -> Tuple[int]:
+        return (triton.cdiv(self.num_tokens, self.options[kernel]['BLOCK_N']) * self.batch_heads,)
+
     def partial_states(self) -> Tensor:
-        """Room for each chunk's (d + 2) x d fp32 state."""
-        return self._like.new_empty((self.batch_heads, self.num_chunks, self.block_d + 2, self.block_d),
-                                    dtype=torch.float32)
+        """Room for each chunk's state, fp32."""
+        return self._like.new_empty((self.batch_heads, self.num_chunks, *self.state_shape), dtype=torch.float32)
 
 
 class _FusedMALAttention(torch.autograd.Function):
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, cos: Optional[Tensor], sin: Optional[Tensor], eps: float):
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, cos: Optional[Tensor], sin: Optional[Tensor], eps: float,
+                rope_type: type, torch_fallback: Optional[Callable]):
         q, k, v = (unit_stride(t) for t in (q, k, v))
-        plan = _Plan(q, cos, sin)
+        plan = AttentionPlan(q, cos, sin)
         partial = plan.partial_states()
-        state_kernel[plan.chunk_grid](k, v, *plan.rope, partial, *strides(k), *strides(v), plan.heads,
-                                      plan.num_tokens, plan.head_dims, plan.chunk_tokens, **plan.options)
+        launch(state_kernel, plan.chunk_grid(), k, v, *plan.rope, partial, *strides(k), *strides(v), plan.heads,
+               plan.num_tokens, plan.head_dims, plan.chunk_tokens, plan.num_chunks, **plan.options[state_kernel])
         state = partial.sum(1)
         out = heads_of_channels_last_map(v)
-        output_kernel[plan.tile_grid](q, state, *plan.rope, out, *strides(q), *strides(out), plan.heads,
-                                      plan.num_tokens, plan.head_dims, plan.scale, eps, **plan.options)
+        launch(output_kernel, plan.tile_grid(output_kernel), q, state, *plan.rope, out, *strides(q), *strides(out),
+               plan.heads, plan.num_tokens, plan.head_dims, plan.scale, eps, **plan.options[output_kernel])
         ctx.save_for_backward(q, k, v, cos, sin, state)
-        ctx.eps = eps
+        ctx.eps, ctx.rope_type, ctx.torch_fallback = eps, rope_type, torch_fallback
         return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         q, k, v, cos, sin, state = ctx.saved_tensors
-        grad = unit_stride(grad)
-        plan = _Plan(q, cos, sin)
-        dq, dk, dv = (heads_of_channels_last_map(t) for t in (q, k, v))
-        partial = plan.partial_states()
-        query_grad_kernel[plan.chunk_grid](
-            q, grad, state, *plan.rope, dq, partial, *strides(q), *strides(grad), *strides(dq), plan.heads,
-            plan.num_tokens, plan.head_dims, plan.chunk_tokens, plan.scale, ctx.eps, **plan.options)
-        key_value_grad_kernel[plan.tile_grid](
-            k, v, partial.sum(1), *plan.rope, dk, dv, *strides(k), *strides(v), *strides(dk), *strides(dv),
-            plan.heads, plan.num_tokens, plan.head_dims, **plan.options)
-        return dq, dk, dv, None, None, None
+        try:
+            grads = _gradients(q, k, v, cos, sin, state, grad, ctx.eps)
+        except KernelUnavailable as error:
+            if ctx.torch_fallback is None:
+                raise
+            ctx.torch_fallback.unavailable(error)
+            rope = None if cos is None else ctx.rope_type(cos, sin)
+            grads = torch_gradients(lambda *qkv: ctx.torch_fallback(*qkv, rope, ctx.eps), (q, k, v), (grad,))
+        return (*grads, None, None, None, None, None)
 
 
-def fused_mala_attention(q: Tensor, k: Tensor, v: Tensor, rope=None, eps: float = 1e-6) -> Tensor:
+def _gradients(q: Tensor, k: Tensor, v: Tensor, cos: Optional[Tensor], sin: Optional[Tensor], state: Tensor,
+               grad: Tensor, eps: float) -> Tuple[Tensor, Tensor, Tensor]:
+    grad = unit_stride(grad)
+    plan = AttentionPlan(q, cos, sin)
+    dq, dk, dv = (heads_of_channels_last_map(t) for t in (q, k, v))
+    partial = plan.partial_states()
+    terms = q.new_empty((plan.batch_heads, 2, plan.num_tokens), dtype=torch.float32)  # z and dL/dz of each query
+    launch(query_grad_kernel, plan.chunk_grid(), q, grad, state, *plan.rope, dq, partial, terms, *strides(q),
+           *strides(grad), *strides(dq), plan.heads, plan.num_tokens, plan.head_dims, plan.chunk_tokens,
+           plan.num_chunks, plan.scale, eps, **plan.options[query_grad_kernel])
+    launch(key_value_grad_kernel, plan.tile_grid(key_value_grad_kernel), k, v, partial.sum(1), *plan.rope, dk, dv,
+           *strides(k), *strides(v), *strides(dk), *strides(dv), plan.heads, plan.num_tokens, plan.head_dims,
+           **plan.options[key_value_grad_kernel])
+    return dq, dk, dv
+
+
+def fused_mala_attention(q: Tensor, k: Tensor, v: Tensor, rope=None, eps: float = 1e-6,
+                         torch_fallback: Optional[Callable] = None) -> Tensor:
     """:func:`~mala_mm.ops.attention.mala_attention` in Triton kernels, with the same arguments.
 
     Args:
@@ -123,9 +164,11 @@ def fused_mala_attention(q: Tensor, k: Tensor, v: Tensor, rope=None, eps: float 
             is read in place).
         rope: the (N, d) :class:`~mala_mm.ops.rope.RotaryTables`, or None.
         eps: keeps ``1 / z`` finite.
+        torch_fallback: where a backward kernel fails on the GPU, the :class:`~.dispatch.Operator` that gives the
+            gradients in torch operators instead; None: the error stops the backward.
 
     Returns:
         (B, h, N, d) in v's dtype, laid out as the heads of a channels-last map.
     """
     cos, sin = (None, None) if rope is None else rope
-    return _FusedMALAttention.apply(q, k, v, cos, sin, eps)
+    return _FusedMALAttention.apply(q, k, v, cos, sin, eps, type(rope), torch_fallback)

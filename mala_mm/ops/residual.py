@@ -75,9 +75,9 @@ def scaled_residual(x: Tensor, branch: Tensor, gamma: Tensor, factors: Optional[
     Returns:
         (B, C, H, W) in the promoted dtype of x, branch and gamma.
     """
-    if dispatch.uses_triton(impl, x):
-        return dispatch.residual_triton.scaled_residual(x, branch, gamma, factors)
-    return _ScaledResidual.apply(x, branch, gamma, factors)
+    if impl == 'torch':
+        return _scaled_residual(x, branch, gamma, factors)
+    return dispatch.run(SCALED_RESIDUAL, impl, x, _fused_scaled_residual, x, branch, gamma, factors)
 
 
 def scaled_residual_norm(x: Tensor, branch: Tensor, gamma: Tensor, factors: Optional[Tensor], weight: Tensor,
@@ -97,8 +97,30 @@ def scaled_residual_norm(x: Tensor, branch: Tensor, gamma: Tensor, factors: Opti
         autocast in torch operators, as autocast's layer_norm gives it, and in autocast's dtype in the Triton kernel,
         which the conv would cast it to.
     """
-    if dispatch.uses_triton(impl, x):
-        return dispatch.residual_triton.scaled_residual_norm(x, branch, gamma, factors, weight, bias, eps, as_output)
+    args = (x, branch, gamma, factors, weight, bias, eps, as_output)
+    if impl == 'torch':
+        return _scaled_residual_norm(*args)
+    return dispatch.run(SCALED_RESIDUAL_NORM, impl, x, _fused_scaled_residual_norm, *args)
+
+
+def _scaled_residual(x: Tensor, branch: Tensor, gamma: Tensor, factors: Optional[Tensor]) -> Tensor:
+    return _ScaledResidual.apply(x, branch, gamma, factors)
+
+
+def _scaled_residual_norm(x: Tensor, branch: Tensor, gamma: Tensor, factors: Optional[Tensor], weight: Tensor,
+                          bias: Tensor, eps: float, as_output: bool) -> Tuple[Tensor, Tensor]:
     out = _ScaledResidual.apply(x, branch, gamma, factors)
     normed = F.layer_norm(out.permute(0, 2, 3, 1), weight.shape, weight, bias, eps).permute(0, 3, 1, 2)
     return out, (normed.contiguous() if as_output else normed)
+
+
+def _fused_scaled_residual(*args):
+    return dispatch.residual_triton.scaled_residual(*args)
+
+
+def _fused_scaled_residual_norm(*args):
+    return dispatch.residual_triton.scaled_residual_norm(*args)
+
+
+SCALED_RESIDUAL = dispatch.Operator('scaled_residual', _scaled_residual)
+SCALED_RESIDUAL_NORM = dispatch.Operator('scaled_residual_norm', _scaled_residual_norm)

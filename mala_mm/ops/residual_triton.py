@@ -10,14 +10,16 @@ The backward's kernel writes the stream's and the branch's gradients and, each p
 scale's and the norm's parameter gradients over its pixels into its own row of one fp32 workspace, which one
 ``sum(0)`` reduces: no atomics, the same gradients from run to run.
 """
-from typing import Optional, Tuple
+from typing import Callable, Iterator, Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import Tensor
 
 from .torch_compat import autocast_dtype, autocast_enabled
+from .triton_launch import GPU, KernelUnavailable, launch
 
 # the pixel count changes with every image: Triton would compile again each time it moved between 1, multiples of 16
 # and other values
@@ -148,8 +150,9 @@ def _pixel_strides(t: Tensor) -> Tuple[Tensor, Tuple[int, int, int]]:
     return t, (t.stride(0), t.stride(3) if width > 1 else t.stride(2), t.stride(1))
 
 
-class _Plan:
-    """How the kernels split a (B, C, H, W) map: BLOCK_P pixels with all their channels a tile."""
+class ResidualPlan:
+    """How the kernels split a (B, C, H, W) map: BLOCK_P pixels with all their channels a tile, over 8 warps (16
+    elements a thread): 4 warps leave the backward with the norm 255 registers and a stack."""
 
     def __init__(self, x: Tensor):
         batch, self.channels, height, width = x.shape
@@ -158,11 +161,23 @@ class _Plan:
         self.block_c = max(16, triton.next_power_of_2(self.channels))
         self.block_p = max(1, TILE_ELEMENTS // self.block_c)
         self.tiles = triton.cdiv(self.num_pixels, self.block_p)
-        self.tiles_per_program = triton.cdiv(self.tiles, MAX_PARTIAL_ROWS)
+        self.tiles_per_program = max(1, triton.cdiv(self.tiles, MAX_PARTIAL_ROWS))  # an empty batch has no tiles
         self.programs = triton.cdiv(self.tiles, self.tiles_per_program)
+        self.options = dict(BLOCK_P=self.block_p, BLOCK_C=self.block_c, num_warps=8, maxnreg=255)
 
     def sizes(self, eps: float) -> tuple:
         return self.num_pixels, self.pixels_per_item, self.channels, eps
+
+
+def variants(gpu: GPU) -> Iterator[Tuple[object, dict]]:
+    """(kernel, its options) of each variant the launcher makes (the same on every GPU), for MALA-T's first stage
+    and MALA-L's last, the widest row."""
+    for channels in (64, 640):
+        plan = ResidualPlan(torch.empty(1, channels, 8, 8))
+        for factors in (False, True):
+            for norm in (False, True):
+                for kernel in (_residual_kernel, _residual_grad_kernel):
+                    yield kernel, dict(plan.options, HAS_FACTORS=factors, NORM=norm)
 
 
 class _ScaledResidual(torch.autograd.Function):
@@ -170,53 +185,88 @@ class _ScaledResidual(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, branch: Tensor, gamma: Tensor, factors: Optional[Tensor], weight: Optional[Tensor],
                 bias: Optional[Tensor], eps: float, normed_dtype: Optional[torch.dtype],
-                normed_format: torch.memory_format):
+                normed_format: torch.memory_format, torch_fallback: Optional[Callable]):
         x, branch = _dense_channels_last(x), _dense_channels_last(branch)
-        plan = _Plan(x)
+        plan = ResidualPlan(x)
         norm = weight is not None
         # the dtype torch's addcmul would give: the fp32 layer scale lifts a low-precision stream (the stem's output
         # under autocast) to fp32, as in torch operators
         out = torch.empty_like(x, dtype=torch.promote_types(torch.promote_types(x.dtype, branch.dtype), gamma.dtype))
         normed = torch.empty_like(x, dtype=normed_dtype or out.dtype, memory_format=normed_format) if norm else out
-        _residual_kernel[(plan.tiles,)](
-            x, branch, gamma, x if factors is None else factors, gamma if weight is None else weight,
-            gamma if bias is None else bias, out, normed, *_pixel_strides(normed)[1], *plan.sizes(eps),
-            HAS_FACTORS=factors is not None, NORM=norm, BLOCK_P=plan.block_p, BLOCK_C=plan.block_c)
+        launch(_residual_kernel, (plan.tiles,),
+               x, branch, gamma, x if factors is None else factors, gamma if weight is None else weight,
+               gamma if bias is None else bias, out, normed, *_pixel_strides(normed)[1], *plan.sizes(eps),
+               HAS_FACTORS=factors is not None, NORM=norm, **plan.options)
         ctx.save_for_backward(out, branch, gamma, factors, weight)
-        ctx.eps, ctx.stream_dtype = eps, x.dtype
+        ctx.eps, ctx.stream_dtype, ctx.torch_fallback = eps, x.dtype, torch_fallback
         return (out, normed) if norm else out
 
     @staticmethod
     def backward(ctx, grad: Tensor, grad_normed: Optional[Tensor] = None):
-        out, branch, gamma, factors, weight = ctx.saved_tensors
-        norm = weight is not None
-        grad = _dense_channels_last(grad)
-        grad_normed, grad_normed_strides = _pixel_strides(grad_normed if norm else grad)
-        plan = _Plan(out)
-        grad_stream = torch.empty_like(out, dtype=ctx.stream_dtype) if norm else grad.to(ctx.stream_dtype)
-        grad_branch = torch.empty_like(branch)
-        partial = out.new_empty((plan.programs, 3 * plan.channels), dtype=torch.float32)
-        _residual_grad_kernel[(plan.programs,)](
-            out, branch, gamma, out if factors is None else factors, gamma if weight is None else weight, grad,
-            grad_normed, grad_stream, grad_branch, partial, *grad_normed_strides, *plan.sizes(ctx.eps),
-            plan.tiles_per_program,
-            HAS_FACTORS=factors is not None, NORM=norm, BLOCK_P=plan.block_p, BLOCK_C=plan.block_c)
-        sums = partial.sum(0)
-        channels = plan.channels
-        grad_gamma = sums[:channels].view(gamma.shape)
-        grads_norm = (sums[channels:2 * channels], sums[2 * channels:]) if norm else (None, None)
-        return grad_stream, grad_branch, grad_gamma, None, *grads_norm, None, None, None
+        inputs = (*ctx.saved_tensors, grad, grad_normed, ctx.eps, ctx.stream_dtype)
+        try:
+            grads = _gradients(*inputs)
+        except KernelUnavailable as error:
+            if ctx.torch_fallback is None:
+                raise
+            ctx.torch_fallback.unavailable(error)
+            grads = _gradients_in_torch(*inputs)
+        return (*grads[:3], None, *grads[3:], None, None, None, None)
 
 
-def scaled_residual(x: Tensor, branch: Tensor, gamma: Tensor, factors: Optional[Tensor] = None) -> Tensor:
+def _gradients(out: Tensor, branch: Tensor, gamma: Tensor, factors: Optional[Tensor], weight: Optional[Tensor],
+               grad: Tensor, grad_normed: Optional[Tensor], eps: float, stream_dtype: torch.dtype) -> tuple:
+    """The gradients of the stream, the branch, gamma and, with the norm, its weight and bias."""
+    norm = weight is not None
+    grad = _dense_channels_last(grad)
+    grad_normed, grad_normed_strides = _pixel_strides(grad_normed if norm else grad)
+    plan = ResidualPlan(out)
+    grad_stream = torch.empty_like(out, dtype=stream_dtype) if norm else grad.to(stream_dtype)
+    grad_branch = torch.empty_like(branch)
+    partial = out.new_empty((plan.programs, 3 * plan.channels), dtype=torch.float32)
+    launch(_residual_grad_kernel, (plan.programs,),
+           out, branch, gamma, out if factors is None else factors, gamma if weight is None else weight, grad,
+           grad_normed, grad_stream, grad_branch, partial, *grad_normed_strides, *plan.sizes(eps),
+           plan.tiles_per_program, HAS_FACTORS=factors is not None, NORM=norm, **plan.options)
+    sums = partial.sum(0)
+    channels = plan.channels
+    grads_norm = (sums[channels:2 * channels], sums[2 * channels:]) if norm else (None, None)
+    return grad_stream, grad_branch, sums[:channels].view(gamma.shape), *grads_norm
+
+
+def _gradients_in_torch(out: Tensor, branch: Tensor, gamma: Tensor, factors: Optional[Tensor],
+                        weight: Optional[Tensor], grad: Tensor, grad_normed: Optional[Tensor], eps: float,
+                        stream_dtype: torch.dtype) -> tuple:
+    """:func:`_gradients` in torch operators, where the backward's kernel fails on a GPU."""
+    grad = grad.float()
+    grads_norm = (None, None)
+    if weight is not None:
+        with torch.enable_grad():
+            leaves = (out.detach().float().requires_grad_(), weight.detach().requires_grad_(),
+                      torch.zeros_like(weight, requires_grad=True))  # the bias's value changes no gradient
+            normed = F.layer_norm(leaves[0].permute(0, 2, 3, 1), weight.shape, leaves[1], leaves[2], eps)
+            grad_out, *grads_norm = torch.autograd.grad(normed.permute(0, 3, 1, 2), leaves, grad_normed.float())
+        grad = grad + grad_out
+    factor = 1 if factors is None else factors.view(-1, 1, 1, 1)
+    grad_branch = (grad * (gamma.view(1, -1, 1, 1) * factor)).to(branch.dtype)
+    grad_gamma = (grad * branch.float() * factor).sum((0, 2, 3))
+    return grad.to(stream_dtype), grad_branch, grad_gamma, *grads_norm
+
+
+def scaled_residual(x: Tensor, branch: Tensor, gamma: Tensor, factors: Optional[Tensor] = None,
+                    torch_fallback: Optional[Callable] = None) -> Tensor:
     """``x + factors * gamma * branch`` in one launch (two in the backward); the arguments and result of
-    :func:`~mala_mm.ops.residual.scaled_residual`, in the promoted dtype of x, branch and gamma."""
+    :func:`~mala_mm.ops.residual.scaled_residual`, in the promoted dtype of x, branch and gamma. torch_fallback:
+    where the backward's kernel fails on the GPU, the :class:`~.dispatch.Operator` that takes the operator to
+    torch operators from then on, the backward's gradients in torch operators; None: the error stops the
+    backward."""
     return _ScaledResidual.apply(x, branch, gamma.reshape(-1), _flat(factors), None, None, 0.0, None,
-                                 torch.channels_last)
+                                 torch.channels_last, torch_fallback)
 
 
 def scaled_residual_norm(x: Tensor, branch: Tensor, gamma: Tensor, factors: Optional[Tensor], weight: Tensor,
-                         bias: Tensor, eps: float, as_output: bool = False) -> Tuple[Tensor, Tensor]:
+                         bias: Tensor, eps: float, as_output: bool = False,
+                         torch_fallback: Optional[Callable] = None) -> Tuple[Tensor, Tensor]:
     """:func:`scaled_residual` and the LayerNorm of its result over the channels, in one launch (two in the
     backward): the arguments and results of :func:`~mala_mm.ops.residual.scaled_residual_norm`. The normalised map
     is channels-last in autocast's dtype where autocast is on (the next conv's input), else in the stream's; where
@@ -225,8 +275,9 @@ def scaled_residual_norm(x: Tensor, branch: Tensor, gamma: Tensor, factors: Opti
     normed_dtype = autocast_dtype(device) if autocast_enabled(device) and not as_output else None
     normed_format = torch.contiguous_format if as_output else torch.channels_last
     return _ScaledResidual.apply(x, branch, gamma.reshape(-1), _flat(factors), weight, bias, eps, normed_dtype,
-                                 normed_format)
+                                 normed_format, torch_fallback)
 
 
 def _flat(factors: Optional[Tensor]) -> Optional[Tensor]:
-    return None if factors is None else factors.reshape(-1)
+    """The (B,) factors, dense: an expanded (stride 0) tensor would be read past its storage."""
+    return None if factors is None else factors.reshape(-1).contiguous()

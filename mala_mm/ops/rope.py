@@ -45,6 +45,17 @@ def rotate_pair(q: Tensor, k: Tensor, tables: RotaryTables, impl: str = 'torch')
         tables: the (N, d) :class:`RotaryTables`.
         impl: 'auto', 'triton' or 'torch'.
     """
-    if dispatch.uses_triton(impl, q):
-        return dispatch.rope_triton.rotate_pair(q, k, tables)
+    if impl == 'torch':
+        return _rotate_pair(q, k, tables)
+    return dispatch.run(ROTATE_PAIR, impl, q, _fused_rotate_pair, q, k, tables)
+
+
+def _rotate_pair(q: Tensor, k: Tensor, tables: RotaryTables) -> Tuple[Tensor, Tensor]:
     return apply_rope(q, tables), apply_rope(k, tables)
+
+
+def _fused_rotate_pair(*args):
+    return dispatch.rope_triton.rotate_pair(*args)
+
+
+ROTATE_PAIR = dispatch.Operator('rotate_pair', _rotate_pair)

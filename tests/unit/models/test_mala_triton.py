@@ -4,9 +4,14 @@ The kernels run on the GPU where there is one, else on the CPU in Triton's inter
 cover a padded head width (d = 12, 96), a token count that is not a multiple of the tile, a single token, several
 batch items and heads, and a chunked reduction (more tiles than one program takes).
 """
+from typing import List
+
 import pytest
 import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
+from tests.helpers import feature_loss
 from tests.helpers.low_precision import ATTENTION_IMPLS, IMPL_MARKS, TRITON_DEVICE, attention_impl
 from mala_mm import MALA
 from mala_mm.models import MALAConfigError
@@ -83,21 +88,45 @@ def test_fused_mala_output_is_laid_out_as_a_channels_last_map():
     assert y.transpose(1, 2).is_contiguous()  # (B, N, h, d) in memory: the skeleton views it as (B, C, H, W)
 
 
+def biases_ahead_of_batch_norm(model: nn.Module) -> List[str]:
+    """The conv biases that a BatchNorm in training follows, which subtracts their batch mean again: their gradients
+    are zero in exact arithmetic and rounding noise in either implementation."""
+    names = []
+    for prefix, module in model.named_modules():
+        children = list(module.named_children())
+        for (name, first), (_, second) in zip(children, children[1:]):
+            if isinstance(first, nn.Conv2d) and isinstance(second, _BatchNorm) and first.bias is not None:
+                names.append(f'{prefix}.{name}.bias')
+    return names
+
+
 @pytest.mark.parametrize('attn_impl', ATTENTION_IMPLS)
 def test_backbone_gradients_agree_between_implementations(attn_impl, small_arch):
+    """Every parameter's gradient, under a loss that reaches all of them: a fixed random projection of each output
+    (not a function of the outputs' mean squares, which the output LayerNorms fix), with every norm, bias and layer
+    scale moved off its initial value."""
     torch.manual_seed(0)
-    reference = MALA(arch=small_arch, attn_types='mala', drop_path_rate=0.0, attn_impl='torch')
-    model = MALA(arch=small_arch, attn_types='mala', drop_path_rate=0.0, attn_impl=attn_impl)
+    reference = MALA(arch=small_arch, drop_path_rate=0.0, attn_impl='torch')
+    with torch.no_grad():
+        for p in reference.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    model = MALA(arch=small_arch, drop_path_rate=0.0, attn_impl=attn_impl)
     model.load_state_dict(reference.state_dict())
     x = torch.randn(2, 3, 40, 56)
     grads = []
     for m, device in ((reference, torch.device('cpu')), (model, TRITON_DEVICE if attn_impl == 'triton' else 'cpu')):
         m.to(device)
         with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):  # on CUDA too, fp32 against fp32
-            sum(out.square().mean() for out in m(x.to(device))).backward()
+            feature_loss([out.cpu() for out in m(x.to(device))]).backward()
         grads.append({name: p.grad.cpu() for name, p in m.named_parameters()})
-    for name, grad in grads[0].items():
-        torch.testing.assert_close(grads[1][name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    left_out = biases_ahead_of_batch_norm(model)
+    assert len(left_out) == 7  # the stem's four convs and the three downsamples' one each
+    compared = [name for name in grads[0] if name not in left_out]
+    for name in compared:
+        expected = grads[0][name]
+        assert expected.abs().max() > 1e-4, name  # the loss reaches it
+        torch.testing.assert_close(grads[1][name], expected, rtol=1e-4, atol=1e-5 * expected.abs().max().item(),
+                                   msg=name)
 
 
 def test_auto_takes_torch_for_cpu_tensors_and_graphs_take_torch():

@@ -16,6 +16,7 @@ from mala_tools.reference import relative_error
 
 try:
     from mala_mm.ops import depthwise_triton
+    from mala_mm.ops.triton_launch import gpu_of
 except ImportError:  # without Triton, whose tests IMPL_MARKS skips
     depthwise_triton = None
 
@@ -116,7 +117,7 @@ def test_a_backward_program_sums_several_tiles(monkeypatch):
     monkeypatch.setattr(depthwise_triton, 'MAX_PARTIAL_ROWS', 2)
     shape = (1, 20, 5, 13)
     x = channels_last_map(shape).requires_grad_()
-    assert depthwise_triton._Plan(x, torch.empty(20, 1, 3, 3)).chunk_grid == (2, 1)
+    assert depthwise_triton.DepthwisePlan(x, torch.empty(20, 1, 3, 3), gpu_of(x)).chunk_grid == (2, 1)
     check_against_fp64(lambda *args: depthwise_triton.residual_depthwise_conv(*args, True),
                        lambda *args: residual_reference(*args, True), [x, *conv_parameters(20, 3)])
     inputs = [*gated_inputs(shape, torch.float32, torch.float32), *conv_parameters(20, 5)]

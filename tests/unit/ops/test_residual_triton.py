@@ -121,7 +121,7 @@ def test_a_backward_program_sums_several_tiles(monkeypatch):
     monkeypatch.setattr(residual_triton, 'MAX_PARTIAL_ROWS', 2)
     shape = (3, 64, 11, 13)
     inputs = residual_inputs(shape)
-    assert residual_triton._Plan(inputs[0]).programs == 2
+    assert residual_triton.ResidualPlan(inputs[0]).programs == 2
     exact_inputs = [t.detach().cpu().double().requires_grad_() for t in inputs]
     exact = reference(*exact_inputs, stochastic_depth(3).cpu().double())
     ours = residual.scaled_residual_norm(*inputs[:3], stochastic_depth(3), *inputs[3:], 1e-6, impl='triton')

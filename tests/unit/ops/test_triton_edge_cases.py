@@ -1,0 +1,112 @@
+"""Inputs at the edges, where the Triton operators give what their torch operators give: eps = 0, an empty batch,
+stochastic-depth factors expanded from one value (stride 0), and more heads than a grid's second axis takes.
+
+The kernels run on the GPU where there is one, else on the CPU in Triton's interpreter (tests/conftest.py).
+"""
+import pytest
+import torch
+
+from tests.helpers.low_precision import IMPL_MARKS, TRITON_DEVICE
+from mala_mm.models.layers import RoPE2d
+from mala_mm.ops.attention import mala_attention
+from mala_mm.ops.depthwise import gated_depthwise_conv, residual_depthwise_conv
+from mala_mm.ops.residual import scaled_residual, scaled_residual_norm
+from mala_mm.ops.rope import rotate_pair
+
+try:
+    from mala_mm.ops.mala_triton import AttentionPlan
+    from mala_mm.ops.triton_launch import MAX_GRID_YZ, check_grid
+except ImportError:  # without Triton, whose tests IMPL_MARKS skips
+    AttentionPlan = None
+
+pytestmark = IMPL_MARKS['triton']
+
+
+def leaves(*shapes, channels_last=False):
+    tensors = [torch.randn(shape, device=TRITON_DEVICE) for shape in shapes]
+    if channels_last:
+        tensors = [t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t for t in tensors]
+    return [t.requires_grad_() for t in tensors]
+
+
+def outputs_and_gradients(operator, inputs, impl):
+    """The operator's outputs and the gradients of a fixed random projection of them, in ``impl``."""
+    outputs = operator(*inputs, impl)
+    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    generator = torch.Generator().manual_seed(1)
+    loss = sum((out.float() * torch.randn(out.shape, generator=generator).to(out.device)).sum() for out in outputs)
+    return outputs, torch.autograd.grad(loss, inputs, allow_unused=True, materialize_grads=True)
+
+
+def assert_same_as_torch(operator, inputs, rtol=1e-5, atol=1e-5):
+    expected = outputs_and_gradients(operator, inputs, 'torch')
+    ours = outputs_and_gradients(operator, inputs, 'triton')
+    for a, b in zip([*ours[0], *ours[1]], [*expected[0], *expected[1]]):
+        assert a.shape == b.shape
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a.float(), b.float(), rtol=rtol, atol=atol)
+
+
+def test_mala_attention_with_eps_zero_is_finite_as_in_torch():
+    """20 tokens, not a whole number of tiles: the rows past the last token have z = 0, and 1 / z must not reach
+    the state's gradient."""
+    inputs = leaves(*[(2, 2, 20, 12)] * 3)
+    tables = RoPE2d(12).to(TRITON_DEVICE).tables(4, 5)
+    assert_same_as_torch(lambda q, k, v, impl: mala_attention(q, k, v, tables, 0.0, impl), inputs)
+
+
+C, SIZE = 32, (5, 7)
+
+
+def centre_tap(weight):
+    tap = torch.zeros_like(weight)
+    tap[..., weight.shape[-2] // 2, weight.shape[-1] // 2] = 1
+    return tap.detach()
+
+
+OPERATORS = {
+    'mala_attention': (lambda q, k, v, impl: mala_attention(q, k, v, None, 1e-6, impl), [(0, 2, 20, 16)] * 3),
+    'rotate_pair': (lambda q, k, impl: rotate_pair(q, k, RoPE2d(16).to(TRITON_DEVICE).tables(4, 5), impl),
+                    [(0, 2, 20, 16)] * 2),
+    'residual_depthwise_conv': (lambda x, w, b, impl: residual_depthwise_conv(x, w, b, centre_tap(w), True, impl),
+                                [(0, C, *SIZE), (C, 1, 3, 3), (C,)]),
+    'gated_depthwise_conv': (gated_depthwise_conv, [(0, C, *SIZE)] * 3 + [(C, 1, 5, 5), (C,)]),
+    'scaled_residual': (lambda x, b, g, impl: scaled_residual(x, b, g, None, impl),
+                        [(0, C, *SIZE), (0, C, *SIZE), (1, C, 1, 1)]),
+    'scaled_residual_norm': (lambda x, b, g, w, bias, impl: scaled_residual_norm(x, b, g, None, w, bias, 1e-6, impl),
+                             [(0, C, *SIZE), (0, C, *SIZE), (1, C, 1, 1), (C,), (C,)]),
+}
+
+
+@pytest.mark.parametrize('name', OPERATORS)
+def test_an_empty_batch_gives_what_torch_gives(name):
+    operator, shapes = OPERATORS[name]
+    assert_same_as_torch(operator, leaves(*shapes, channels_last=True))
+
+
+@pytest.mark.parametrize('norm', [False, True], ids=['residual', 'residual and norm'])
+def test_expanded_stochastic_depth_factors_are_read_as_their_values(norm):
+    """One factor expanded over the batch has stride 0: read as a dense (B,) vector it would run past its one
+    value."""
+    factors = torch.tensor([0.0, 2.0], device=TRITON_DEVICE)[1:].view(1, 1, 1, 1).expand(3, 1, 1, 1)
+    inputs = leaves((3, C, *SIZE), (3, C, *SIZE), (1, C, 1, 1), (C,), (C,), channels_last=True)
+    def with_norm(x, branch, gamma, weight, bias, impl):
+        return scaled_residual_norm(x, branch, gamma, factors, weight, bias, 1e-6, impl)
+
+    def without_norm(x, branch, gamma, impl):
+        return scaled_residual(x, branch, gamma, factors, impl)
+    if norm:
+        assert_same_as_torch(with_norm, inputs)
+    else:
+        assert_same_as_torch(without_norm, inputs[:3])
+
+
+def test_more_heads_than_a_grid_axis_takes_go_on_one_axis():
+    """CUDA caps a grid's second and third axes at 65,535; the attention's programs are on the first."""
+    q = torch.empty(70000, 2, 100, 64, device='meta')
+    plan = AttentionPlan(q, None, None)
+    assert len(plan.chunk_grid()) == 1 and plan.chunk_grid()[0] >= 140000
+    assert all(len(plan.tile_grid(kernel)) == 1 for kernel in plan.options)
+    check_grid('kernel', plan.chunk_grid())
+    with pytest.raises(ValueError, match='65535'):
+        check_grid('kernel', (1, MAX_GRID_YZ + 1))
