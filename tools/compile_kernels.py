@@ -84,7 +84,7 @@ def compile_variant(module: str, kernel_name: str, options: dict, map_dtype: str
 def compiles_for(arch: int) -> Optional[str]:
     """None where the installed Triton compiles for sm_``arch``, else why not."""
     try:
-        compile_variant('mala_mm.ops.triton_launch', '_defined_kernel', {}, 'fp32', arch)
+        compile_variant('mala_mm.ops.triton_launch', 'empty_kernel', {}, 'fp32', arch)
     except Exception as error:  # the compiler's own errors have no common type
         return f'{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ""}'
     return None

@@ -30,7 +30,7 @@ TRITON_AVAILABLE = triton is not None
 IMPLS = ('auto', 'triton', 'torch')
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
-# the GPUs (by triton_launch.GPU) where 'auto' took the torch operators, each logged once
+# the GPUs (triton_launch.GPU) that the kernels do not serve, on which 'auto' has said so
 _GPUS_LOGGED = set()
 
 

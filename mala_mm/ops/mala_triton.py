@@ -9,7 +9,7 @@ import triton
 from torch import Tensor
 
 from .mala_triton_kernels import key_value_grad_kernel, output_kernel, query_grad_kernel, state_kernel
-from .triton_launch import GPU, KernelUnavailable, gpu_of, launch, torch_gradients
+from .triton_launch import GPU, INTERPRETER_GPU, KernelUnavailable, gpu_of, launch, torch_gradients
 
 # programs the state reduction aims for, over all chunks, batch items and heads: a few per SM of a large GPU, so
 # that one head of 64,000 tokens (MALA-T's first stage at 1333 x 800) spreads over the GPU
@@ -27,6 +27,9 @@ TILES = {
          'key_value_grad_kernel': (32, 4)},
 }
 TILES[16] = TILES[32]  # heads of 16 channels or fewer (tests, custom archs), with less in registers than 32
+# Triton's interpreter pays for each operation as well as for each element, and has no registers to spill: there
+# every kernel takes tiles of this many tokens
+INTERPRETER_TOKENS = 64
 
 
 def block_width(head_dims: int) -> int:
@@ -39,6 +42,8 @@ def kernel_options(kernel_name: str, head_dims: int, has_rope: bool, gpu: GPU) -
     """The constexprs and launch options of a kernel for heads of ``head_dims`` channels on ``gpu``."""
     block_d = block_width(head_dims)
     block_n, num_warps = TILES[block_d][kernel_name]
+    if gpu is INTERPRETER_GPU:
+        block_n = INTERPRETER_TOKENS
     return dict(HAS_ROPE=has_rope, BLOCK_N=block_n, BLOCK_D=block_d, NUM_BLOCKS=triton.cdiv(head_dims, block_d),
                 num_warps=num_warps, num_stages=1, maxnreg=registers_a_thread(num_warps))
 

@@ -25,7 +25,7 @@ from .triton_launch import GPU, KernelUnavailable, launch
 # and other values
 SIZE_ARGS = ['num_pixels', 'pixels_per_item']
 # elements a program's tile holds: BLOCK_P pixels by the channels rounded up to a power of two
-TILE_ELEMENTS = 4096
+TILE_ELEMENTS = 2048
 # at most this many rows of partial sums in the backward's workspace, one per program
 MAX_PARTIAL_ROWS = 512
 
@@ -151,8 +151,9 @@ def _pixel_strides(t: Tensor) -> Tuple[Tensor, Tuple[int, int, int]]:
 
 
 class ResidualPlan:
-    """How the kernels split a (B, C, H, W) map: BLOCK_P pixels with all their channels a tile, over 8 warps (16
-    elements a thread): 4 warps leave the backward with the norm 255 registers and a stack."""
+    """How the kernels split a (B, C, H, W) map: BLOCK_P pixels with all their channels a tile, over 8 warps (8
+    elements a thread): with 4 warps, or 16 elements a thread, the backward with the norm spills (Triton 3.6 and
+    3.9, tools/compile_kernels.py)."""
 
     def __init__(self, x: Tensor):
         batch, self.channels, height, width = x.shape
@@ -170,9 +171,9 @@ class ResidualPlan:
 
 
 def variants(gpu: GPU) -> Iterator[Tuple[object, dict]]:
-    """(kernel, its options) of each variant the launcher makes (the same on every GPU), for MALA-T's first stage
-    and MALA-L's last, the widest row."""
-    for channels in (64, 640):
+    """(kernel, its options) of each variant the launcher makes (the same on every GPU), for each tile width that
+    the stages of MALA-T to -L take (64 to 640 channels)."""
+    for channels in (64, 96, 192, 320, 640):
         plan = ResidualPlan(torch.empty(1, channels, 8, 8))
         for factors in (False, True):
             for norm in (False, True):

@@ -14,15 +14,14 @@ import triton
 from torch import Tensor
 
 
-
 @triton.jit
-def _defined_kernel():
-    pass
+def empty_kernel():
+    """Does nothing: whether kernels are interpreted, and whether Triton compiles for a GPU (compile_kernels.py)."""
 
 
 # whether the kernels run in Triton's interpreter (TRITON_INTERPRET=1 when this module was imported), which runs
 # them on CPU tensors
-INTERPRETED = not isinstance(_defined_kernel, triton.runtime.JITFunction)
+INTERPRETED = not isinstance(empty_kernel, triton.runtime.JITFunction)
 
 # Triton compiles for compute capability 8.0 (Ampere) and newer
 MIN_CAPABILITY = (8, 0)
@@ -61,7 +60,8 @@ class GPU(NamedTuple):
         return cls(f'sm_{arch}', divmod(arch, 10), SHARED_MEMORY_BY_ARCH[arch])
 
 
-# the interpreter has no shared memory or registers to fit: its plans are those of an H100
+# what the launchers' plans take for Triton's interpreter, which has no shared memory or registers to fit: the
+# launchers give it larger tiles of their own
 INTERPRETER_GPU = GPU('Triton interpreter', (9, 0), SHARED_MEMORY_BY_ARCH[90])
 
 

@@ -59,9 +59,10 @@ class MALA(BaseModule):
         attn_impl: how the blocks' operators run (:mod:`mala_mm.ops`: the attention, the depth-wise convs with
             their residuals, GELU and gate, the residual branches with the LayerNorm after the attention's):
             'triton' in fused Triton kernels (forward and backward, fp32 arithmetic whatever the input's
-            precision), 'torch' in torch operators, or 'auto' (default): Triton's for CUDA tensors where Triton is
-            installed, torch's elsewhere. Traced, exported and compiled graphs always take torch's. Both compute the
-            same formulas; parameters and state dict are unchanged.
+            precision), 'torch' in torch operators, or 'auto' (default): Triton's for CUDA tensors on GPUs Triton
+            compiles for (compute capability 8.0 and newer) where Triton is installed, torch's elsewhere and for an
+            operator whose kernel fails on the GPU. Traced, exported and compiled graphs always take torch's. Both
+            compute the same formulas; parameters and state dict are unchanged.
         pretrained: deprecated, as in mmdet's and mmseg's backbones: a path or URL stands for
             ``init_cfg=dict(type='Pretrained', checkpoint=pretrained)`` (mmseg's segmentors pass their
             ``model.pretrained`` here); given with ``init_cfg``, an error.

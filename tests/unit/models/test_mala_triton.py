@@ -54,6 +54,30 @@ def test_fp32_outputs_and_gradients_match_fp64(shape, with_rope):
         assert (ours.grad.double() - exact_input.grad).abs().max().item() < 1e-5 * scale, name
 
 
+@pytest.mark.parametrize('arch', [80, 86, 89, 90], ids=lambda arch: f'sm_{arch}')
+def test_each_gpus_plan_matches_fp64(arch, monkeypatch):
+    """The tiles each GPU's plan takes (the interpreter's own are larger), heads of 64 and of 96 channels (three
+    blocks of 32), with RoPE: 7 x 9 tokens cross tiles of 16 and 32, and the tiles cross a chunk's end."""
+    from mala_mm.ops import mala_triton
+    from mala_mm.ops.triton_launch import GPU
+    monkeypatch.setattr(mala_triton, 'gpu_of', lambda t: GPU.of_arch(arch))
+    monkeypatch.setattr(mala_triton, 'TARGET_PROGRAMS', 4)  # a head's tokens in two chunks
+    for head_dims in (64, 96):
+        inputs = [torch.randn(1, 2, 63, head_dims, dtype=torch.float64) for _ in range(3)]
+        exact_inputs = [t.clone().requires_grad_() for t in inputs]
+        fused_inputs = [t.float().to(TRITON_DEVICE).requires_grad_() for t in inputs]
+        tables = RoPE2d(head_dims).double().tables(7, 9, torch.float64)
+        exact = mala_attention(*exact_inputs, tables)
+        grad = torch.randn_like(exact)
+        exact.backward(grad)
+        fused = mala_attention(*fused_inputs, type(tables)(*(t.float().to(TRITON_DEVICE) for t in tables)),
+                               impl='triton')
+        fused.backward(grad.float().to(TRITON_DEVICE))
+        assert relative_error(fused.cpu(), exact) < 1e-5
+        for ours, expected in zip(fused_inputs, exact_inputs):
+            assert relative_error(ours.grad.cpu(), expected.grad) < 1e-5
+
+
 def test_fused_projection_gives_views_of_one_channels_last_map():
     projection = QKVOProjection(32, 'triton').to(TRITON_DEVICE)
     dense_projection = QKVOProjection(32, 'torch').to(TRITON_DEVICE)

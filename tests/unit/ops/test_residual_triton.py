@@ -115,8 +115,8 @@ def test_a_stage_output_is_contiguous_in_the_stream_dtype_and_takes_a_contiguous
 
 
 def test_a_backward_program_sums_several_tiles(monkeypatch):
-    """With 2 rows of partial sums, a map of 3 x 11 x 13 pixels at 64 channels (64 pixels a tile) makes programs of
-    4 tiles, the last past the map."""
+    """With 2 rows of partial sums, a map of 3 x 11 x 13 pixels at 64 channels (32 pixels a tile) makes programs of
+    7 tiles, the last past the map."""
     from mala_mm.ops import residual_triton
     monkeypatch.setattr(residual_triton, 'MAX_PARTIAL_ROWS', 2)
     shape = (3, 64, 11, 13)
