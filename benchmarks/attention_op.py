@@ -14,10 +14,10 @@ from common import markdown_table, peak_mib, time_ms, write_results
 from mala_tools.analysis.baselines import linear_attention
 from mala_mm.models.layers import RoPE2d
 from mala_mm.ops.attention import mala_attention, softmax_attention
-from mala_mm.ops.dispatch import mala_triton
+from mala_mm.ops.dispatch import TRITON_AVAILABLE, mala_triton
 
 KINDS = {'mala': mala_attention, 'softmax': softmax_attention, 'linear': linear_attention}
-if mala_triton is not None:  # measured where asked for by name (gpu_check.py's attention phase)
+if TRITON_AVAILABLE:  # measured where asked for by name (gpu_check.py's attention phase)
     KINDS_BY_NAME = {**KINDS, 'mala triton': mala_triton.fused_mala_attention}
 else:
     KINDS_BY_NAME = KINDS

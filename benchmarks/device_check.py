@@ -23,12 +23,12 @@ PRECISIONS = {'fp32': (False, None), 'tf32': (True, None), 'bf16 autocast': (Fal
               'fp16 autocast': (False, torch.float16)}
 
 
-def fixture_errors(device: torch.device, attn_impl: str = 'auto') -> List[dict]:
+def fixture_errors(device: torch.device, impl: str = 'auto') -> List[dict]:
     """One row per precision and stage of the release fixture's backbone (a narrow arch, the release's random
-    weights, one input) with ``attn_impl``: the max abs error of its output against the release's and the relative
+    weights, one input) with ``impl``: the max abs error of its output against the release's and the relative
     error (max abs error / max |release output|). TF32 exists on CUDA only: on CPU its rows are fp32's."""
     io = torch.load(os.path.join(DATA, 'official_det_io.pth'), weights_only=True)
-    model = MALA(arch=io['arch'], attn_impl=attn_impl)
+    model = MALA(arch=io['arch'], impl=impl)
     load_backbone_weights(model, os.path.join(DATA, 'official_det_ckpt.pth'))
     model = model.to(device).eval()
     x = io['input'].to(device)

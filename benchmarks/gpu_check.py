@@ -1,7 +1,7 @@
 """One check of a machine, phase by phase, into one results folder: fidelity to the release, the attention
 operator, the backbone against Swin-T, the kernels a backbone step launches, a training step of the dense models,
 torch.compile, and the mmcv build.
-Fidelity, attention and backbone run each implementation of the attention (``attn_impl``) this machine has: the
+Fidelity, attention and backbone run each implementation of the attention (``impl``) this machine has: the
 torch operators, and the Triton kernels on CUDA (or in Triton's interpreter where TRITON_INTERPRET=1 is set).
 
 Each phase prints its name and elapsed time and writes <phase>.md and <phase>.json into --out; summary.md and
@@ -74,7 +74,7 @@ def _interpreted() -> bool:
     return INTERPRETED
 
 
-def attn_impls(device) -> List[str]:
+def impls(device) -> List[str]:
     """The attention implementations that run on ``device`` here."""
     triton_runs = TRITON_AVAILABLE and (device.type == 'cuda' or _interpreted())
     return ['torch', 'triton'] if triton_runs else ['torch']
@@ -84,8 +84,8 @@ def tiny_backbones(device) -> Dict[str, torch.nn.Module]:
     """MALA-T with each attention implementation ``device`` runs, initialised as released, and mmdet's Swin-T; on
     the CPU until moved."""
     models = {}
-    for impl in attn_impls(device):
-        models[f'MALA-T {impl}'] = MALA(arch='tiny', attn_impl=impl)
+    for impl in impls(device):
+        models[f'MALA-T {impl}'] = MALA(arch='tiny', impl=impl)
         models[f'MALA-T {impl}'].init_weights()
     models['Swin-T'] = swin_tiny()
     return models
@@ -93,21 +93,21 @@ def tiny_backbones(device) -> Dict[str, torch.nn.Module]:
 
 def fidelity(args, device) -> Table:
     """The release fixture in each precision against the release's outputs, with the suite's bound."""
-    rows = [dict(attn_impl=impl, **row) for impl in attn_impls(device) for row in fixture_errors(device, impl)]
+    rows = [dict(impl=impl, **row) for impl in impls(device) for row in fixture_errors(device, impl)]
     for row in rows:
         if row['precision'] == 'fp32':
             row['bound'], row['within'] = f'max abs < {FP32_MAX_ABS_ERROR:g}', row['max_abs_error'] < FP32_MAX_ABS_ERROR
         else:
             bound = RELATIVE_BOUNDS[row['precision']]
             row['bound'], row['within'] = f'relative < {bound:.3g}', row['relative_error'] < bound
-    return rows, ['attn_impl', 'precision', 'stage', 'max_abs_error', 'relative_error', 'bound', 'within']
+    return rows, ['impl', 'precision', 'stage', 'max_abs_error', 'relative_error', 'bound', 'within']
 
 
 def attention(args, device) -> Table:
     """MALA's attention, in torch operators and in the Triton kernels, against SDPA's softmax attention,
     forward+backward, at MALA-T's token maps of the detection input: one row per stage and dtype."""
     height, width = SIZES[args.sizes]['detection']
-    kinds = ['mala', 'softmax'] + (['mala triton'] if 'triton' in attn_impls(device) else [])
+    kinds = ['mala', 'softmax'] + (['mala triton'] if 'triton' in impls(device) else [])
     rows = []
     for dtype_name in ('fp32', 'bf16', 'fp16'):
         for stride, heads in MALA_T_STAGES:

@@ -7,7 +7,7 @@ What counts, for one steady-state step (after a warm-up step): every ATen operat
 ``TorchDispatchMode`` sees autocast's casts and the backward's operators too) except views and those that only
 allocate or read metadata; a multi-tensor (``_foreach_``) operator as the launches CUDA's kernels for it make
 (:func:`foreach_launches`); each Triton kernel launch as one. MALA-T runs its default CUDA path,
-``attn_impl='triton'``, on CPU tensors (this script sets ``TRITON_INTERPRET=1``, under which the Triton launchers
+``impl='triton'``, on CPU tensors (this script sets ``TRITON_INTERPRET=1``, under which the Triton launchers
 take them): each launch is recorded, not run (:func:`triton_launches_recorded`). Bytes: each counted operator's
 tensor inputs read and outputs written, each Triton launch's tensor arguments once. A training step is the loss's
 forward and backward into gradients set to None, as the optimizer wrapper leaves them, without the optimizer's step.
@@ -341,7 +341,7 @@ def dense_steps(model: nn.Module, batch: dict, scope: str):
 def backbone_rows(sizes) -> List[dict]:
     from backbone import swin_tiny
     from mala_mm import MALA
-    models = {'MALA-T': MALA(arch='tiny', attn_impl='triton'), 'Swin-T': swin_tiny(drop_path_rate=0.2)}
+    models = {'MALA-T': MALA(arch='tiny', impl='triton'), 'Swin-T': swin_tiny(drop_path_rate=0.2)}
     rows = []
     for name, model in models.items():
         model.init_weights()
@@ -362,7 +362,7 @@ def dense_rows(case: str, size) -> List[dict]:
     rows = []
     for name, config in (('MALA-T', ours), ('Swin-T', swin)):
         torch.manual_seed(0)
-        options = dict(attn_impl='triton') if name == 'MALA-T' else dict(init_cfg=None)
+        options = dict(impl='triton') if name == 'MALA-T' else dict(init_cfg=None)
         scope, model = build(config, backbone=options)
         batch = fake_batch(scope, size, torch.device('cpu'), images=2)
         for mode, step in dense_steps(model, batch, scope).items():

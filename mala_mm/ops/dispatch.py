@@ -54,16 +54,16 @@ class Operator:
         :class:`~.triton_launch.KernelUnavailable`), with a warning that names the kernel, the GPU and the error."""
         if error.gpu not in self.failed_on:
             self.failed_on.add(error.gpu)
-            warnings.warn(f"attn_impl='auto': {error}; {self.name} runs in torch operators on this GPU from now on",
+            warnings.warn(f"impl='auto': {error}; {self.name} runs in torch operators on this GPU from now on",
                           RuntimeWarning, stacklevel=3)
 
 
 def check_impl(impl: str, where: str, error=ValueError) -> str:
     """``impl`` if it is one of IMPLS that this installation can run, else ``error`` saying why."""
     if impl not in IMPLS:
-        raise error(f'{where}attn_impl must be one of {IMPLS}, got {impl!r}')
-    if impl == 'triton' and mala_triton is None:
-        raise error(f"{where}attn_impl='triton' needs Triton (pip install triton), which is not installed")
+        raise error(f'{where}impl must be one of {IMPLS}, got {impl!r}')
+    if impl == 'triton' and not TRITON_AVAILABLE:
+        raise error(f"{where}impl='triton' needs Triton (pip install triton), which is not installed")
     return impl
 
 
@@ -74,7 +74,7 @@ def uses_triton(impl: str, x: Tensor, operator: Operator = None) -> bool:
     if impl == 'torch' or torch.jit.is_tracing() or is_compiling() or is_exporting():
         return False
     if impl == 'auto':
-        if mala_triton is None or not x.is_cuda or x.dtype not in FLOATS:
+        if not TRITON_AVAILABLE or not x.is_cuda or x.dtype not in FLOATS:
             return False
         gpu = triton_launch.gpu_of(x)
         why_not = triton_launch.unserved(gpu)
@@ -83,13 +83,13 @@ def uses_triton(impl: str, x: Tensor, operator: Operator = None) -> bool:
             return False
         return operator is None or operator.available_on(gpu)
     if x.dtype not in FLOATS:
-        raise TypeError(f"attn_impl='triton' takes fp32, bf16 or fp16 features, got {x.dtype}")
+        raise TypeError(f"impl='triton' takes fp32, bf16 or fp16 features, got {x.dtype}")
     if not (x.is_cuda or triton_launch.INTERPRETED):
-        raise RuntimeError(f"attn_impl='triton' runs on CUDA tensors, got {x.device.type} ones (Triton's "
+        raise RuntimeError(f"impl='triton' runs on CUDA tensors, got {x.device.type} ones (Triton's "
                            f"interpreter runs it on the CPU where TRITON_INTERPRET=1 is set before import)")
     why_not = triton_launch.unserved(triton_launch.gpu_of(x)) if x.is_cuda else None
     if why_not is not None:
-        raise RuntimeError(f"attn_impl='triton' runs the Triton kernels, and {why_not}: use attn_impl='auto' (which "
+        raise RuntimeError(f"impl='triton' runs the Triton kernels, and {why_not}: use impl='auto' (which "
                            f"takes the torch operators there) or 'torch'")
     return True
 
@@ -112,7 +112,7 @@ def run(operator: Operator, impl: str, x: Tensor, triton_fn: Callable, *args):
 def _log_once(gpu, why_not: str) -> None:
     if gpu not in _GPUS_LOGGED:
         _GPUS_LOGGED.add(gpu)
-        print_log(f"attn_impl='auto': {why_not}; the blocks' operators run in torch operators", logger='current',
+        print_log(f"impl='auto': {why_not}; the blocks' operators run in torch operators", logger='current',
                   level=logging.WARNING)
 
 

@@ -3,7 +3,7 @@ as test parameters."""
 import pytest
 import torch
 
-from mala_mm.ops.dispatch import mala_triton  # None where Triton is not installed
+from mala_mm.ops.dispatch import TRITON_AVAILABLE, mala_triton
 
 
 def cpu_autocast_takes(dtype) -> bool:
@@ -25,7 +25,7 @@ DTYPES = [pytest.param(dtype, id=NAMES[dtype], marks=MARKS.get(dtype, ())) for d
 # MALA attention's implementations, as test parameters: the Triton kernels run on the GPU where there is one, else on
 # the CPU in Triton's interpreter (tests/conftest.py)
 TRITON_DEVICE = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
-IMPL_MARKS = {'triton': pytest.mark.skipif(mala_triton is None,
+IMPL_MARKS = {'triton': pytest.mark.skipif(not TRITON_AVAILABLE,
                                            reason='Triton is not installed (the tests extra installs it)')}
 ATTENTION_IMPLS = [pytest.param(name, marks=IMPL_MARKS.get(name, ())) for name in ('torch', 'triton')]
 

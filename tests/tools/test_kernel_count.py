@@ -63,7 +63,7 @@ def test_mala_t_launches_no_more_kernels_than_committed(kernel_count):
     committed = {(row['mode'], row['dtype']): row['kernels'] for row in json.load(open(COMMITTED))['rows']
                  if row['model'] == 'MALA-T' and row['step'] == 'backbone 1280x800'}
     assert set(committed) == {(mode, dtype) for mode in ('eval', 'train') for dtype in ('fp32', 'bf16')}
-    model = MALA(arch='tiny', attn_impl='triton')
+    model = MALA(arch='tiny', impl='triton')
     for mode, step in kernel_count.backbone_steps(model, torch.randn(1, 3, 64, 96)).items():
         for dtype_name, dtype in kernel_count.AUTOCAST.items():
             kernels = kernel_count.count(model, step, dtype, kernel_count.backbone_part)['kernels']

@@ -6,6 +6,7 @@ from mmengine.logging import MMLogger
 from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 from mmengine.registry import MODELS
+from mmengine.utils import deprecated_api_warning
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
@@ -56,13 +57,14 @@ class MALA(BaseModule):
             (docs/dev/benchmarks.md). True, or a dict of ``torch.compile`` arguments (``mode``, ``backend``,
             ``options``, or ``dynamic`` and ``fullgraph`` in place of those above). Parameters and state dict are
             unchanged; tracing and export see the plain forward.
-        attn_impl: how the blocks' operators run (:mod:`mala_mm.ops`: the attention, the depth-wise convs with
+        impl: how the blocks' operators run (:mod:`mala_mm.ops`: the attention, the depth-wise convs with
             their residuals, GELU and gate, the residual branches with the LayerNorm after the attention's):
             'triton' in fused Triton kernels (forward and backward, fp32 arithmetic whatever the input's
             precision), 'torch' in torch operators, or 'auto' (default): Triton's for CUDA tensors on GPUs Triton
             compiles for (compute capability 8.0 and newer) where Triton is installed, torch's elsewhere and for an
             operator whose kernel fails on the GPU. Traced, exported and compiled graphs always take torch's. Both
-            compute the same formulas; parameters and state dict are unchanged.
+            compute the same formulas; parameters and state dict are unchanged. ``attn_impl``, its name before it
+            picked every operator's implementation, is deprecated and stands for it with a warning.
         pretrained: deprecated, as in mmdet's and mmseg's backbones: a path or URL stands for
             ``init_cfg=dict(type='Pretrained', checkpoint=pretrained)`` (mmseg's segmentors pass their
             ``model.pretrained`` here); given with ``init_cfg``, an error.
@@ -83,6 +85,7 @@ class MALA(BaseModule):
     }
     arch_zoo.update({name[0]: spec for name, spec in list(arch_zoo.items())})
 
+    @deprecated_api_warning({'attn_impl': 'impl'}, cls_name='MALA')
     def __init__(self,
                  arch: Union[str, dict] = 'tiny',
                  attn_types: Union[str, Sequence[str]] = ('mala', 'mala', 'softmax', 'softmax'),
@@ -94,7 +97,7 @@ class MALA(BaseModule):
                  norm_cfg: dict = dict(type='BN', requires_grad=True),
                  with_cp: bool = False,
                  compile: Union[bool, dict] = False,
-                 attn_impl: str = 'auto',
+                 impl: str = 'auto',
                  pretrained: Optional[str] = None,
                  init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=resolve_init_cfg(init_cfg, pretrained))
@@ -108,10 +111,10 @@ class MALA(BaseModule):
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
         self.with_cp = with_cp
-        check_impl(attn_impl, 'MALA: ', MALAConfigError)
+        check_impl(impl, 'MALA: ', MALAConfigError)
 
         self.patch_embed = ConvStem(in_channels, self.embed_dims[0], norm_cfg)
-        self.layers = nn.ModuleList(self._stages(arch, drop_path_rate, norm_cfg, attn_impl))
+        self.layers = nn.ModuleList(self._stages(arch, drop_path_rate, norm_cfg, impl))
         # keyed by stage index so that the state dict reads extra_norms.{i}.* as released
         self.extra_norms = nn.ModuleDict({str(i): LayerNorm2d(self.embed_dims[i]) for i in self.out_indices})
         # The maps are channels-last throughout (forward), and so are the gradients of every conv weight; stored
@@ -131,7 +134,7 @@ class MALA(BaseModule):
         self._block_kinds = num_stages + 1
         self._compiled_block = compiled_block(compile)
 
-    def _stages(self, arch: dict, drop_path_rate: Optional[float], norm_cfg: dict, attn_impl: str) -> List[MALAStage]:
+    def _stages(self, arch: dict, drop_path_rate: Optional[float], norm_cfg: dict, impl: str) -> List[MALAStage]:
         """The stages of ``arch``, stochastic depth rising linearly over all blocks to ``drop_path_rate``."""
         depths, num_stages = arch['depths'], len(arch['depths'])
         rates = torch.linspace(0, arch['drop_path_rate'] if drop_path_rate is None else drop_path_rate,
@@ -143,7 +146,7 @@ class MALA(BaseModule):
                           mlp_ratio=arch['mlp_ratio'], drop_paths=rates[sum(depths[:i]):sum(depths[:i + 1])],
                           layer_scale_init=layer_scale[i],
                           out_dims=self.embed_dims[i + 1] if i + 1 < num_stages else None, norm_cfg=norm_cfg,
-                          with_cp=self.with_cp, attn_impl=attn_impl)
+                          with_cp=self.with_cp, impl=impl)
                 for i in range(num_stages)]
 
     def init_weights(self):

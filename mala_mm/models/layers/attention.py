@@ -3,7 +3,7 @@
 Both share one skeleton (:class:`GatedAttention`); they differ only in the operator that turns per-head q, k, v into
 the attention result, :func:`~mala_mm.ops.attention.mala_attention` or
 :func:`~mala_mm.ops.attention.softmax_attention`, each of which runs its torch operators or its Triton kernels as
-``attn_impl`` selects.
+``impl`` selects.
 """
 from typing import Optional, Tuple
 
@@ -61,17 +61,17 @@ class GatedAttention(nn.Module):
     Args:
         embed_dims: C.
         num_heads: h; C / h must be a multiple of 4 (2-D RoPE splits each head into rows and columns).
-        attn_impl: the operators' implementation, 'auto', 'triton' or 'torch' (:mod:`mala_mm.ops.dispatch`; the
+        impl: the operators' implementation, 'auto', 'triton' or 'torch' (:mod:`mala_mm.ops.dispatch`; the
             backbone checks it).
     """
 
-    def __init__(self, embed_dims: int, num_heads: int, attn_impl: str = 'auto'):
+    def __init__(self, embed_dims: int, num_heads: int, impl: str = 'auto'):
         super().__init__()
         rope_head_dims(embed_dims, num_heads, f'{type(self).__name__}: ')
-        self.attn_impl = attn_impl
+        self.impl = impl
         self.num_heads = num_heads
-        self.qkvo = QKVOProjection(embed_dims, attn_impl)
-        self.lepe = GatedLePE(embed_dims, attn_impl)
+        self.qkvo = QKVOProjection(embed_dims, impl)
+        self.lepe = GatedLePE(embed_dims, impl)
         self.proj = Conv2d(embed_dims, embed_dims, 1)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables]) -> Tensor:
@@ -97,11 +97,11 @@ class MALAttention(GatedAttention):
     """Magnitude-aware linear attention (:func:`mala_attention`) in the gated skeleton."""
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables]) -> Tensor:
-        return mala_attention(q, k, v, rope, impl=self.attn_impl)
+        return mala_attention(q, k, v, rope, impl=self.impl)
 
 
 class SoftmaxAttention(GatedAttention):
     """Softmax attention (:func:`softmax_attention`) in the gated skeleton."""
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables]) -> Tensor:
-        return softmax_attention(q, k, v, rope, impl=self.attn_impl)
+        return softmax_attention(q, k, v, rope, impl=self.impl)

@@ -83,19 +83,19 @@ class ResidualDWConv(Conv2d):
     Args:
         channels: C; kernel_size: k, odd.
         gelu: apply GELU first (the FFN's activation).
-        attn_impl: the operator's implementation (:mod:`mala_mm.ops.dispatch`).
+        impl: the operator's implementation (:mod:`mala_mm.ops.dispatch`).
     """
 
-    def __init__(self, channels: int, kernel_size: int, gelu: bool = False, attn_impl: str = 'auto'):
+    def __init__(self, channels: int, kernel_size: int, gelu: bool = False, impl: str = 'auto'):
         super().__init__(channels, channels, kernel_size, padding=kernel_size // 2, groups=channels)
         self.gelu = gelu
-        self.attn_impl = attn_impl
+        self.impl = impl
         centre_tap = channels_last_strides(torch.zeros_like(self.weight))
         centre_tap[..., kernel_size // 2, kernel_size // 2] = 1
         self.register_buffer('centre_tap', centre_tap, persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return residual_depthwise_conv(x, self.weight, self.bias, self.centre_tap, self.gelu, self.attn_impl)
+        return residual_depthwise_conv(x, self.weight, self.bias, self.centre_tap, self.gelu, self.impl)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + (', gelu=True' if self.gelu else '')
@@ -104,10 +104,10 @@ class ResidualDWConv(Conv2d):
 class ConvFFN(nn.Module):
     """conv1x1 (C -> hidden), GELU and a residual depth-wise 3x3 conv, conv1x1 (hidden -> C)."""
 
-    def __init__(self, embed_dims: int, hidden_dims: int, attn_impl: str = 'auto'):
+    def __init__(self, embed_dims: int, hidden_dims: int, impl: str = 'auto'):
         super().__init__()
         self.fc1 = Conv2d(embed_dims, hidden_dims, 1)
-        self.dwconv = ResidualDWConv(hidden_dims, 3, gelu=True, attn_impl=attn_impl)
+        self.dwconv = ResidualDWConv(hidden_dims, 3, gelu=True, impl=impl)
         self.fc2 = Conv2d(hidden_dims, embed_dims, 1)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -127,20 +127,20 @@ class MALABlock(nn.Module):
         drop_path: stochastic depth rate of this block.
         layer_scale_init: initial value of the per-channel scales g1, g2; None disables them.
         with_cp: recompute activations in backward (saves memory when training).
-        attn_impl: 'auto', 'triton' or 'torch' (:mod:`mala_mm.ops.dispatch`).
+        impl: 'auto', 'triton' or 'torch' (:mod:`mala_mm.ops.dispatch`).
     """
 
     def __init__(self, embed_dims: int, num_heads: int, attn_type: str, mlp_ratio: float,
                  drop_path: float = 0., layer_scale_init: Optional[float] = 1.0, with_cp: bool = False,
-                 attn_impl: str = 'auto'):
+                 impl: str = 'auto'):
         super().__init__()
         self.with_cp = with_cp
-        self.attn_impl = attn_impl
-        self.pos = ResidualDWConv(embed_dims, 3, attn_impl=attn_impl)
+        self.impl = impl
+        self.pos = ResidualDWConv(embed_dims, 3, impl=impl)
         self.norm1 = LayerNorm2d(embed_dims)
-        self.attn = ATTENTION_KINDS[attn_type](embed_dims, num_heads, attn_impl)
+        self.attn = ATTENTION_KINDS[attn_type](embed_dims, num_heads, impl)
         self.norm2 = LayerNorm2d(embed_dims)
-        self.ffn = ConvFFN(embed_dims, int(mlp_ratio * embed_dims), attn_impl)
+        self.ffn = ConvFFN(embed_dims, int(mlp_ratio * embed_dims), impl)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         if layer_scale_init is None:
             self.gamma_1 = self.gamma_2 = None
@@ -171,10 +171,10 @@ class MALABlock(nn.Module):
             factors = drop_path_factors(gamma.new_full((1,), 1 - self.drop_path.drop_prob), x.shape[0])[0]
         factors = factors if self.drops_paths else None
         if norm is None:
-            return scaled_residual(x, branch, gamma, factors, self.attn_impl)
+            return scaled_residual(x, branch, gamma, factors, self.impl)
         layer_norm = norm.norm
         return scaled_residual_norm(x, branch, gamma, factors, layer_norm.weight, layer_norm.bias, layer_norm.eps,
-                                    self.attn_impl, as_output)
+                                    self.impl, as_output)
 
     def _forward(self, x: Tensor, rope: Optional[RotaryTables], drop_factors: Optional[Tensor],
                  out_norm: Optional[LayerNorm2d]):
@@ -205,7 +205,7 @@ class MALAStage(nn.Module):
     """``depth`` blocks sharing one RoPE, then an optional downsample to the next stage's width.
 
     Args:
-        embed_dims, num_heads, attn_type, mlp_ratio, layer_scale_init, with_cp, attn_impl: as in
+        embed_dims, num_heads, attn_type, mlp_ratio, layer_scale_init, with_cp, impl: as in
             :class:`MALABlock`.
         drop_paths: one stochastic depth rate per block (its length is the depth).
         out_dims: width after the downsample, or None for the last stage (no downsample).
@@ -214,11 +214,11 @@ class MALAStage(nn.Module):
 
     def __init__(self, embed_dims: int, num_heads: int, attn_type: str, mlp_ratio: float,
                  drop_paths: Sequence[float], layer_scale_init: Optional[float], out_dims: Optional[int],
-                 norm_cfg: dict, with_cp: bool = False, attn_impl: str = 'auto'):
+                 norm_cfg: dict, with_cp: bool = False, impl: str = 'auto'):
         super().__init__()
         self.RoPE = RoPE2d(embed_dims // num_heads)  # attribute name as in the released checkpoints
         self.blocks = nn.ModuleList(
-            MALABlock(embed_dims, num_heads, attn_type, mlp_ratio, rate, layer_scale_init, with_cp, attn_impl)
+            MALABlock(embed_dims, num_heads, attn_type, mlp_ratio, rate, layer_scale_init, with_cp, impl)
             for rate in drop_paths)
         self.downsample = None if out_dims is None else ConvDownsample(embed_dims, out_dims, norm_cfg)
 

@@ -19,12 +19,12 @@ from mala_mm.models import MALAConfigError
 VARIANT_PARAMS = {'tiny': 13_347_328, 'small': 24_040_896, 'base': 46_691_296, 'large': 93_561_760}
 
 
-@pytest.mark.parametrize('attn_impl', ATTENTION_IMPLS)
-def test_matches_release_outputs(attn_impl):
+@pytest.mark.parametrize('impl', ATTENTION_IMPLS)
+def test_matches_release_outputs(impl):
     io = torch.load(os.path.join(DATA_DIR, 'official_det_io.pth'), weights_only=True)
-    model = MALA(arch=io['arch'], attn_impl=attn_impl)
+    model = MALA(arch=io['arch'], impl=impl)
     load_backbone_weights(model, os.path.join(DATA_DIR, 'official_det_ckpt.pth'))
-    device = TRITON_DEVICE if attn_impl == 'triton' else torch.device('cpu')
+    device = TRITON_DEVICE if impl == 'triton' else torch.device('cpu')
     model.eval().to(device)
     # cuDNN's convolutions round fp32 to TF32 unless told not to; the bound is fp32's
     with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):

@@ -93,8 +93,8 @@ def test_fused_projection_gives_views_of_one_channels_last_map():
 @pytest.mark.parametrize('kind', [MALAttention, SoftmaxAttention], ids=['MALA', 'softmax'])
 def test_fused_module_matches_unfused(kind):
     torch.manual_seed(0)
-    fused = kind(32, 2, attn_impl='triton').to(TRITON_DEVICE)
-    unfused = kind(32, 2, attn_impl='torch').to(TRITON_DEVICE)
+    fused = kind(32, 2, impl='triton').to(TRITON_DEVICE)
+    unfused = kind(32, 2, impl='torch').to(TRITON_DEVICE)
     unfused.load_state_dict(fused.state_dict())
     x = torch.randn(2, 32, 6, 9, device=TRITON_DEVICE).contiguous(memory_format=torch.channels_last)
     x.requires_grad_()
@@ -124,21 +124,21 @@ def biases_ahead_of_batch_norm(model: nn.Module) -> List[str]:
     return names
 
 
-@pytest.mark.parametrize('attn_impl', ATTENTION_IMPLS)
-def test_backbone_gradients_agree_between_implementations(attn_impl, small_arch):
+@pytest.mark.parametrize('impl', ATTENTION_IMPLS)
+def test_backbone_gradients_agree_between_implementations(impl, small_arch):
     """Every parameter's gradient, under a loss that reaches all of them: a fixed random projection of each output
     (not a function of the outputs' mean squares, which the output LayerNorms fix), with every norm, bias and layer
     scale moved off its initial value."""
     torch.manual_seed(0)
-    reference = MALA(arch=small_arch, drop_path_rate=0.0, attn_impl='torch')
+    reference = MALA(arch=small_arch, drop_path_rate=0.0, impl='torch')
     with torch.no_grad():
         for p in reference.parameters():
             p.add_(0.1 * torch.randn_like(p))
-    model = MALA(arch=small_arch, drop_path_rate=0.0, attn_impl=attn_impl)
+    model = MALA(arch=small_arch, drop_path_rate=0.0, impl=impl)
     model.load_state_dict(reference.state_dict())
     x = torch.randn(2, 3, 40, 56)
     grads = []
-    for m, device in ((reference, torch.device('cpu')), (model, TRITON_DEVICE if attn_impl == 'triton' else 'cpu')):
+    for m, device in ((reference, torch.device('cpu')), (model, TRITON_DEVICE if impl == 'triton' else 'cpu')):
         m.to(device)
         with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):  # on CUDA too, fp32 against fp32
             feature_loss([out.cpu() for out in m(x.to(device))]).backward()
@@ -159,14 +159,22 @@ def test_auto_takes_torch_for_cpu_tensors_and_graphs_take_torch():
     assert uses_triton('auto', x.to(TRITON_DEVICE)) == (TRITON_DEVICE.type == 'cuda')
     assert not uses_triton('torch', x.to(TRITON_DEVICE))
     # a traced graph records torch operators, which ONNX and TorchScript can hold
-    attention = MALAttention(16, 1, attn_impl='triton').to(TRITON_DEVICE).eval()
+    attention = MALAttention(16, 1, impl='triton').to(TRITON_DEVICE).eval()
     traced = torch.jit.trace(attention, torch.randn(1, 16, 4, 4, device=TRITON_DEVICE))
     assert 'elu' in str(traced.graph)
 
 
-def test_bad_attn_impl_is_refused_at_construction():
-    with pytest.raises(MALAConfigError, match="attn_impl must be one of"):
-        MALA(attn_impl='cuda')
+def test_attn_impl_is_the_deprecated_name_of_impl(small_arch):
+    with pytest.warns(DeprecationWarning, match='"attn_impl" is deprecated in `MALA.__init__`, please use "impl"'):
+        model = MALA(arch=small_arch, attn_impl='torch')
+    assert {block.impl for block in model.modules() if hasattr(block, 'impl')} == {'torch'}
+    with pytest.raises(MALAConfigError, match="impl must be one of"):
+        MALA(arch=small_arch, attn_impl='trition')
+
+
+def test_bad_impl_is_refused_at_construction():
+    with pytest.raises(MALAConfigError, match="impl must be one of"):
+        MALA(impl='cuda')
     with pytest.raises(TypeError, match='fp32, bf16 or fp16'):
         uses_triton('triton', torch.zeros(1, 1, 2, 4, dtype=torch.float64, device=TRITON_DEVICE))
 

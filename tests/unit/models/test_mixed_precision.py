@@ -164,7 +164,7 @@ MODULE_INPUTS = {
 @pytest.mark.parametrize('impl', ATTENTION_IMPLS)
 def test_mala_attention_module_under_autocast_matches_fp64(impl, dtype, case):
     channels, heads = 32, 2
-    attn = MALAttention(channels, heads, attn_impl=impl)
+    attn = MALAttention(channels, heads, impl=impl)
     x = MODULE_INPUTS[case](torch.randn(2, channels, 9, 11))
     frequencies = reference.rope_frequencies(channels // heads, torch.float64)
     device = TRITON_DEVICE if impl == 'triton' else torch.device('cpu')

@@ -84,12 +84,12 @@ def test_auto_takes_torch_on_a_gpu_triton_does_not_serve_and_says_so_once(gpus, 
     assert not dispatch.uses_triton('auto', CudaLike(0))
     assert len(logged) == 1 and 'Tesla T4' in logged[0] and '8.0' in logged[0]
     assert dispatch.uses_triton('auto', CudaLike(1))
-    with pytest.raises(RuntimeError, match=r"Tesla T4 \(compute capability 7\.5\).*attn_impl='auto'.*or 'torch'"):
+    with pytest.raises(RuntimeError, match=r"Tesla T4 \(compute capability 7\.5\).*impl='auto'.*or 'torch'"):
         dispatch.uses_triton('triton', CudaLike(0))
 
 
 def test_an_unknown_impl_is_refused_naming_the_choices():
-    with pytest.raises(ValueError, match=r"attn_impl must be one of \('auto', 'triton', 'torch'\), got 'trition'"):
+    with pytest.raises(ValueError, match=r"impl must be one of \('auto', 'triton', 'torch'\), got 'trition'"):
         mala_attention(*(torch.randn(1, 1, 4, 8) for _ in range(3)), impl='trition')
 
 
@@ -120,7 +120,7 @@ def test_every_launch_runs_on_its_tensors_device(gpus, monkeypatch):
     monkeypatch.setattr(torch.cuda, 'current_device', lambda: current[0])
     monkeypatch.setattr(triton_launch, 'launch_device', lambda t: torch.device('cuda', 1))
     monkeypatch.setattr(KernelInterface, '__getitem__', recorded)
-    model = MALA(arch=SMALL_ARCH, attn_impl='triton').to(TRITON_DEVICE)
+    model = MALA(arch=SMALL_ARCH, impl='triton').to(TRITON_DEVICE)
     feature_loss([out.cpu() for out in model(torch.randn(2, 3, 32, 32, device=TRITON_DEVICE))]).backward()
     assert {name for name, _ in launched_on} == {
         'state_kernel', 'output_kernel', 'query_grad_kernel', 'key_value_grad_kernel', '_rotate_pair_kernel',
