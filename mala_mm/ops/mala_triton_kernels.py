@@ -118,6 +118,19 @@ def _vector_block(state, row, index, BLOCK_D: tl.constexpr, NUM_BLOCKS: tl.const
 
 
 @triton.jit
+def _store_block(state, key_block, value_block, matrix, key_vector, value_vector,
+                 BLOCK_D: tl.constexpr, NUM_BLOCKS: tl.constexpr):
+    """Block (key_block, value_block) of a state or its gradient: the matrix's, and the vectors' (the key vector's
+    block ``key_block``, the value vector's ``value_block``), which every block of a row or column sums alike and
+    the first one stores."""
+    tl.store(_matrix_block(state, key_block, value_block, BLOCK_D, NUM_BLOCKS), matrix)
+    if value_block == 0:
+        tl.store(_vector_block(state, 0, key_block, BLOCK_D, NUM_BLOCKS), key_vector)
+    if key_block == 0:
+        tl.store(_vector_block(state, 1, value_block, BLOCK_D, NUM_BLOCKS), value_vector)
+
+
+@triton.jit
 def _state_size(BLOCK_D: tl.constexpr, NUM_BLOCKS: tl.constexpr):
     return (NUM_BLOCKS * BLOCK_D + 2) * (NUM_BLOCKS * BLOCK_D)
 
@@ -160,11 +173,7 @@ def state_kernel(k_ptr, v_ptr, cos_ptr, sin_ptr, partial_ptr,
                 kv += tl.dot(tl.trans(rotated_k), v, input_precision='ieee')
                 k_sum += tl.sum(phi_k, 0)
                 v_sum += tl.sum(v, 0)
-            tl.store(_matrix_block(partial, key_block, value_block, BLOCK_D, NUM_BLOCKS), kv)
-            if value_block == 0:
-                tl.store(_vector_block(partial, 0, key_block, BLOCK_D, NUM_BLOCKS), k_sum)
-            if key_block == 0:
-                tl.store(_vector_block(partial, 1, value_block, BLOCK_D, NUM_BLOCKS), v_sum)
+            _store_block(partial, key_block, value_block, kv, k_sum, v_sum, BLOCK_D, NUM_BLOCKS)
 
 
 @triton.jit
@@ -290,11 +299,7 @@ def query_grad_kernel(q_ptr, grad_ptr, state_ptr, cos_ptr, sin_ptr, dq_ptr, part
                 d_kv += tl.dot(tl.trans(rotated_q), d_product, input_precision='ieee')
                 d_k_mean += tl.sum((scale * d_z)[:, None] * phi_q, 0)
                 d_v_mean -= tl.sum(z[:, None] * grad, 0)
-            tl.store(_matrix_block(partial, key_block, value_block, BLOCK_D, NUM_BLOCKS), d_kv)
-            if value_block == 0:
-                tl.store(_vector_block(partial, 0, key_block, BLOCK_D, NUM_BLOCKS), d_k_mean)
-            if key_block == 0:
-                tl.store(_vector_block(partial, 1, value_block, BLOCK_D, NUM_BLOCKS), d_v_mean)
+            _store_block(partial, key_block, value_block, d_kv, d_k_mean, d_v_mean, BLOCK_D, NUM_BLOCKS)
 
 
 @triton.jit(do_not_specialize=SIZE_ARGS)
