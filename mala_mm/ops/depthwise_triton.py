@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .triton_launch import GPU, INTERPRETER_GPU, KernelUnavailable, gpu_of, launch, torch_gradients
+from .triton_launch import GPU, INTERPRETER_GPU, gpu_of, in_kernels_or_torch, launch, torch_gradients
 
 # sizes that change with every image: Triton would compile a kernel again each time one moved between 1, multiples
 # of 16 and other values, with nothing to gain for a size. The strides keep their specialisation: multiples of the
@@ -372,14 +372,10 @@ class _ResidualDepthwiseConv(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         x, weight, bias = ctx.saved_tensors
-        try:
-            return (*_residual_conv_grads(x, weight, grad, ctx.gelu), None, None)
-        except KernelUnavailable as error:
-            if ctx.torch_fallback is None:
-                raise
-            ctx.torch_fallback.unavailable(error)
-            return (*torch_gradients(lambda *args: ctx.torch_fallback(*args, ctx.gelu), (x, weight, bias), (grad,)),
-                    None, None)
+        grads = in_kernels_or_torch(
+            lambda: _residual_conv_grads(x, weight, grad, ctx.gelu), ctx.torch_fallback,
+            lambda: torch_gradients(lambda *args: ctx.torch_fallback(*args, ctx.gelu), (x, weight, bias), (grad,)))
+        return (*grads, None, None)
 
 
 def _residual_conv_grads(x: Tensor, weight: Tensor, grad: Tensor, gelu: bool) -> Tuple[Tensor, Tensor, Tensor]:
@@ -410,13 +406,9 @@ class _GatedDepthwiseConv(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         inputs = ctx.saved_tensors
-        try:
-            return (*_gated_conv_grads(*inputs, grad), None)
-        except KernelUnavailable as error:
-            if ctx.torch_fallback is None:
-                raise
-            ctx.torch_fallback.unavailable(error)
-            return (*torch_gradients(ctx.torch_fallback, inputs, (grad,)), None)
+        grads = in_kernels_or_torch(lambda: _gated_conv_grads(*inputs, grad), ctx.torch_fallback,
+                                    lambda: torch_gradients(ctx.torch_fallback, inputs, (grad,)))
+        return (*grads, None)
 
 
 def _gated_conv_grads(y: Tensor, v: Tensor, o: Tensor, weight: Tensor, bias: Tensor, grad: Tensor) -> tuple:

@@ -100,13 +100,9 @@ def run(operator: Operator, impl: str, x: Tensor, triton_fn: Callable, *args):
     on that GPU (``torch_fallback``: in the backward too); under 'triton' the error stops the run."""
     if not uses_triton(impl, x, operator):
         return operator(*args)
-    if impl == 'triton':
-        return triton_fn(*args, None)
-    try:
-        return triton_fn(*args, operator)
-    except triton_launch.KernelUnavailable as error:
-        operator.unavailable(error)
-        return operator(*args)
+    torch_fallback = operator if impl == 'auto' else None
+    return triton_launch.in_kernels_or_torch(lambda: triton_fn(*args, torch_fallback), torch_fallback,
+                                             lambda: operator(*args))
 
 
 def _log_once(gpu, why_not: str) -> None:

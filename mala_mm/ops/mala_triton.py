@@ -9,7 +9,7 @@ import triton
 from torch import Tensor
 
 from .mala_triton_kernels import key_value_grad_kernel, output_kernel, query_grad_kernel, state_kernel
-from .triton_launch import GPU, INTERPRETER_GPU, KernelUnavailable, gpu_of, launch, torch_gradients
+from .triton_launch import GPU, INTERPRETER_GPU, gpu_of, in_kernels_or_torch, launch, torch_gradients
 
 # programs the state reduction aims for, over all chunks, batch items and heads: a few per SM of a large GPU, so
 # that one head of 64,000 tokens (MALA-T's first stage at 1333 x 800) spreads over the GPU
@@ -133,14 +133,10 @@ class _FusedMALAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         q, k, v, cos, sin, state = ctx.saved_tensors
-        try:
-            grads = _gradients(q, k, v, cos, sin, state, grad, ctx.eps)
-        except KernelUnavailable as error:
-            if ctx.torch_fallback is None:
-                raise
-            ctx.torch_fallback.unavailable(error)
-            rope = None if cos is None else ctx.rope_type(cos, sin)
-            grads = torch_gradients(lambda *qkv: ctx.torch_fallback(*qkv, rope, ctx.eps), (q, k, v), (grad,))
+        rope = None if cos is None else ctx.rope_type(cos, sin)
+        grads = in_kernels_or_torch(
+            lambda: _gradients(q, k, v, cos, sin, state, grad, ctx.eps), ctx.torch_fallback,
+            lambda: torch_gradients(lambda *qkv: ctx.torch_fallback(*qkv, rope, ctx.eps), (q, k, v), (grad,)))
         return (*grads, None, None, None, None, None)
 
 

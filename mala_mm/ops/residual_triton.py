@@ -19,7 +19,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .torch_compat import autocast_dtype, autocast_enabled
-from .triton_launch import GPU, KernelUnavailable, launch
+from .triton_launch import GPU, in_kernels_or_torch, launch
 
 # the pixel count changes with every image: Triton would compile again each time it moved between 1, multiples of 16
 # and other values
@@ -205,13 +205,8 @@ class _ScaledResidual(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor, grad_normed: Optional[Tensor] = None):
         inputs = (*ctx.saved_tensors, grad, grad_normed, ctx.eps, ctx.stream_dtype)
-        try:
-            grads = _gradients(*inputs)
-        except KernelUnavailable as error:
-            if ctx.torch_fallback is None:
-                raise
-            ctx.torch_fallback.unavailable(error)
-            grads = _gradients_in_torch(*inputs)
+        grads = in_kernels_or_torch(lambda: _gradients(*inputs), ctx.torch_fallback,
+                                    lambda: _gradients_in_torch(*inputs))
         return (*grads[:3], None, *grads[3:], None, None, None, None)
 
 

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from .mala_triton import heads_of_channels_last_map, strides, unit_stride
 from .mala_triton_kernels import SIZE_ARGS, load_tables, load_tile, rotate, rotate_transposed
-from .triton_launch import GPU, KernelUnavailable, launch, torch_gradients
+from .triton_launch import GPU, in_kernels_or_torch, launch, torch_gradients
 
 
 @triton.jit
@@ -90,16 +90,12 @@ class _RotatePair(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_q: Tensor, grad_k: Tensor):
         cos, sin = ctx.saved_tensors
-        try:
-            grads = _rotate_pair(grad_q, grad_k, cos, sin, transposed=True)
-        except KernelUnavailable as error:
-            if ctx.torch_fallback is None:
-                raise
-            ctx.torch_fallback.unavailable(error)
-            tables = ctx.tables_type(cos, sin)
-            # the rotation is linear: its gradient does not depend on where it is taken
-            grads = torch_gradients(lambda q, k: ctx.torch_fallback(q, k, tables),
-                                    (torch.zeros_like(grad_q), torch.zeros_like(grad_k)), (grad_q, grad_k))
+        tables = ctx.tables_type(cos, sin)
+        # the rotation is linear: its gradient does not depend on where it is taken
+        grads = in_kernels_or_torch(
+            lambda: _rotate_pair(grad_q, grad_k, cos, sin, transposed=True), ctx.torch_fallback,
+            lambda: torch_gradients(lambda q, k: ctx.torch_fallback(q, k, tables),
+                                    (torch.zeros_like(grad_q), torch.zeros_like(grad_k)), (grad_q, grad_k)))
         return (*grads, None, None, None, None)
 
 

@@ -7,7 +7,7 @@ Triton itself launches on ``torch.cuda.current_device()`` and that device's stre
 """
 import functools
 from contextlib import nullcontext
-from typing import NamedTuple, Optional, Tuple
+from typing import Callable, NamedTuple, Optional, Tuple
 
 import torch
 import triton
@@ -131,6 +131,19 @@ def launch(kernel, grid: Tuple[int, ...], *args, **options) -> None:
             kernel[grid](*args, **options)
         except Exception as error:  # Triton's compiler, loader and driver raise errors of no common type
             raise KernelUnavailable(name, gpu_of(like), error) from error
+
+
+def in_kernels_or_torch(in_kernels: Callable, torch_fallback, in_torch: Callable):
+    """``in_kernels()``; where a kernel of it fails and ``torch_fallback`` (a :class:`~.dispatch.Operator`) is
+    given, that operator goes to its torch operators on the GPU and ``in_torch()`` gives the result instead;
+    without one, the error stops the run."""
+    try:
+        return in_kernels()
+    except KernelUnavailable as error:
+        if torch_fallback is None:
+            raise
+        torch_fallback.unavailable(error)
+        return in_torch()
 
 
 def torch_gradients(torch_fn, inputs: tuple, grads: tuple) -> tuple:
