@@ -27,7 +27,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .triton_launch import GPU, INTERPRETER_GPU, gpu_of, in_kernels_or_torch, launch, torch_gradients
+from .triton_launch import (GPU, INTERPRETER_GPU, gpu_of, in_kernels_or_torch, launch, registers_a_thread,
+                            torch_gradients)
 
 # sizes that change with every image: Triton would compile a kernel again each time one moved between 1, multiples
 # of 16 and other values, with nothing to gain for a size. The strides keep their specialisation: multiples of the
@@ -336,7 +337,8 @@ class DepthwisePlan:
         self.tile_grid = (tiles, channel_tiles)
         self.chunk_grid = (self.num_chunks, channel_tiles)
         self.sizes = (self.channels, height, width, num_pixels)
-        self.options = dict(KERNEL=self.kernel, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8, maxnreg=255)
+        self.options = dict(KERNEL=self.kernel, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8,
+                            maxnreg=registers_a_thread(8))
         # the weight's gradient of a program, one row of taps per channel, padded to a power of two
         self.grad_options = dict(self.options, BLOCK_T=triton.next_power_of_2(self.kernel ** 2))
         self._device = like.device

@@ -9,7 +9,8 @@ import triton
 from torch import Tensor
 
 from .mala_triton_kernels import key_value_grad_kernel, output_kernel, query_grad_kernel, state_kernel
-from .triton_launch import GPU, INTERPRETER_GPU, gpu_of, in_kernels_or_torch, launch, torch_gradients
+from .triton_launch import (GPU, INTERPRETER_GPU, gpu_of, in_kernels_or_torch, launch, registers_a_thread,
+                            torch_gradients)
 
 # programs the state reduction aims for, over all chunks, batch items and heads: a few per SM of a large GPU, so
 # that one head of 64,000 tokens (MALA-T's first stage at 1333 x 800) spreads over the GPU
@@ -18,8 +19,7 @@ TARGET_PROGRAMS = 512
 KERNELS = (state_kernel, output_kernel, query_grad_kernel, key_value_grad_kernel)
 
 # (tokens a tile, warps) of each kernel by the width of the state's blocks: the largest tiles that compile without
-# spilling registers to local memory on every GPU Triton serves (tools/compile_kernels.py checks each GPU's plan).
-# ptxas caps a thread's registers below what the block allows unless told (maxnreg), and spills
+# spilling registers to local memory on every GPU Triton serves (tools/compile_kernels.py checks each GPU's plan)
 TILES = {
     64: {'state_kernel': (32, 8), 'output_kernel': (16, 8), 'query_grad_kernel': (16, 8),
          'key_value_grad_kernel': (16, 8)},
@@ -46,11 +46,6 @@ def kernel_options(kernel_name: str, head_dims: int, has_rope: bool, gpu: GPU) -
         block_n = INTERPRETER_TOKENS
     return dict(HAS_ROPE=has_rope, BLOCK_N=block_n, BLOCK_D=block_d, NUM_BLOCKS=triton.cdiv(head_dims, block_d),
                 num_warps=num_warps, num_stages=1, maxnreg=registers_a_thread(num_warps))
-
-
-def registers_a_thread(num_warps: int) -> int:
-    """The most registers a thread may take in a block of ``num_warps`` warps: an SM's 65,536, at most 255."""
-    return min(255, 65536 // (32 * num_warps))
 
 
 def variants(gpu: GPU) -> Iterator[Tuple[object, dict]]:

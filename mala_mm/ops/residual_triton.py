@@ -19,7 +19,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .torch_compat import autocast_dtype, autocast_enabled
-from .triton_launch import GPU, in_kernels_or_torch, launch
+from .triton_launch import GPU, in_kernels_or_torch, launch, registers_a_thread
 
 # the pixel count changes with every image: Triton would compile again each time it moved between 1, multiples of 16
 # and other values
@@ -164,7 +164,8 @@ class ResidualPlan:
         self.tiles = triton.cdiv(self.num_pixels, self.block_p)
         self.tiles_per_program = max(1, triton.cdiv(self.tiles, MAX_PARTIAL_ROWS))  # an empty batch has no tiles
         self.programs = triton.cdiv(self.tiles, self.tiles_per_program)
-        self.options = dict(BLOCK_P=self.block_p, BLOCK_C=self.block_c, num_warps=8, maxnreg=255)
+        self.options = dict(BLOCK_P=self.block_p, BLOCK_C=self.block_c, num_warps=8,
+                            maxnreg=registers_a_thread(8))
 
     def sizes(self, eps: float) -> tuple:
         return self.num_pixels, self.pixels_per_item, self.channels, eps

@@ -97,6 +97,12 @@ def gpu_of(t: Tensor) -> GPU:
     return cuda_gpu(device.index) if device.type == 'cuda' else INTERPRETER_GPU
 
 
+def registers_a_thread(num_warps: int) -> int:
+    """The most registers a thread may take in a block of ``num_warps`` warps (the launch option ``maxnreg``): an
+    SM's 65,536, at most 255. Left to itself, ptxas caps them lower and spills."""
+    return min(255, 65536 // (32 * num_warps))
+
+
 def unserved(gpu: GPU) -> Optional[str]:
     """Why the kernels do not run on ``gpu``, or None where they do."""
     if gpu.capability < MIN_CAPABILITY:
