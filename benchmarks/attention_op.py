@@ -13,12 +13,13 @@ import torch
 from common import markdown_table, peak_mib, time_ms, write_results
 from mala_tools.analysis.baselines import linear_attention
 from mala_mm.models.layers import RoPE2d
-from mala_mm.ops.attention import mala_attention, softmax_attention
-from mala_mm.ops.dispatch import TRITON_AVAILABLE, mala_triton
+from mala_mm.ops import OPERATORS, TRITON_AVAILABLE
+from mala_mm.ops.mala_attention import mala_attention
+from mala_mm.ops.softmax_attention import softmax_attention
 
 KINDS = {'mala': mala_attention, 'softmax': softmax_attention, 'linear': linear_attention}
 if TRITON_AVAILABLE:  # measured where asked for by name (gpu_check.py's attention phase)
-    KINDS_BY_NAME = {**KINDS, 'mala triton': mala_triton.fused_mala_attention}
+    KINDS_BY_NAME = {**KINDS, 'mala triton': OPERATORS['mala_attention'].triton}
 else:
     KINDS_BY_NAME = KINDS
 DTYPES = {'fp32': torch.float32, 'bf16': torch.bfloat16}

@@ -14,7 +14,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from common import tf32
 from mala_mm import MALA
 from mala_mm.checkpoint import load_backbone_weights
-from mala_mm.ops.attention import softmax_attention
+from mala_mm.ops.softmax_attention import softmax_attention
 from mala_tools.reference import relative_error
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'tests', 'data')

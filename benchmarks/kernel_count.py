@@ -32,7 +32,6 @@ from typing import Dict, List, Optional
 os.environ.setdefault('TRITON_INTERPRET', '1')  # before mala_mm imports Triton: its kernels then run on CPU tensors
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
@@ -204,77 +203,37 @@ def _tag_nodes(nodes, part: str) -> None:
 @contextlib.contextmanager
 def triton_launches_recorded(counter: KernelCounter):
     """Each Triton kernel launch counted as one kernel and not run: Triton's interpreter would take minutes at the
-    papers' sizes. The launchers themselves run, and their operators count; then, inside each fused autograd
-    function's forward (and the rotation), the results take the values of the torch operators (not counted), so that
-    what follows computes on real values. The backward's launches leave their gradients as allocated."""
+    papers' sizes. The launchers themselves run, and their operators count; then each operator's results take the
+    values of its torch operators (not counted), written through ``.data`` so that autograd's records of them stay
+    as the launcher left them, and what follows computes on real values. The backward's launches leave their
+    gradients as allocated."""
     from triton.runtime.interpreter import InterpretedFunction
 
-    from mala_mm.ops import depthwise_triton, mala_triton, residual_triton, rope_triton
-    interpreted_run, rotate_pair = InterpretedFunction.run, rope_triton._rotate_pair
+    from mala_mm.ops import OPERATORS
+    interpreted_run = InterpretedFunction.run
+    launchers = {operator: operator.triton for operator in OPERATORS.values()}
 
     def recorded_run(self, *args, grid, warmup, **kwargs):
         counter.record(counter._current_part(), _bytes(_tensors(list(args) + list(kwargs.values()))))
 
-    def rotate_pair_with_values(q, k, cos, sin, transposed):
-        q_out, k_out = rotate_pair(q, k, cos, sin, transposed)
-        if not transposed:
-            with counter.paused():
-                q_out.copy_(_rope_values(q, cos, sin))
-                k_out.copy_(_rope_values(k, cos, sin))
-        return q_out, k_out
-
-    def with_values(forward, values):
-        def run(ctx, *args):
-            outputs = forward(ctx, *args)
-            with counter.paused():
-                for out, value in zip(_tensors(outputs), _tensors(values(*args))):
-                    out.copy_(value)
+    def with_values(operator, launcher):
+        def run(*args, torch_fallback=None):
+            outputs = launcher(*args, torch_fallback=torch_fallback)
+            with counter.paused(), torch.no_grad():
+                for out, value in zip(_tensors(outputs), _tensors(operator.torch(*args))):
+                    out.data.copy_(value)
             return outputs
-        return staticmethod(run)
+        return run
 
-    functions = {mala_triton._FusedMALAttention: _mala_values, residual_triton._ScaledResidual: _residual_values,
-                 depthwise_triton._ResidualDepthwiseConv: _residual_conv_values,
-                 depthwise_triton._GatedDepthwiseConv: _gated_conv_values}
-    forwards = {function: function.forward for function in functions}
-    InterpretedFunction.run, rope_triton._rotate_pair = recorded_run, rotate_pair_with_values
-    for function, values in functions.items():
-        function.forward = with_values(function.forward, values)
+    InterpretedFunction.run = recorded_run
+    for operator, launcher in launchers.items():
+        operator.triton = with_values(operator, launcher)
     try:
         yield
     finally:
-        InterpretedFunction.run, rope_triton._rotate_pair = interpreted_run, rotate_pair
-        for function, forward in forwards.items():
-            function.forward = staticmethod(forward)
-
-
-# the values of the fused autograd functions' forwards, from their arguments, in torch operators
-def _rope_values(x, cos, sin):
-    from mala_mm.ops.rope import RotaryTables, apply_rope
-    return apply_rope(x, RotaryTables(cos, sin))
-
-
-def _mala_values(q, k, v, cos, sin, eps, rope_type, torch_fallback):
-    from mala_mm.ops.attention import mala_attention
-    from mala_mm.ops.rope import RotaryTables
-    return mala_attention(q, k, v, None if cos is None else RotaryTables(cos, sin), eps)
-
-
-def _residual_values(x, branch, gamma, factors, weight, bias, eps, normed_dtype, normed_format, torch_fallback):
-    from mala_mm.ops.residual import scaled_residual, scaled_residual_norm
-    gamma, factors = gamma.view(1, -1, 1, 1), None if factors is None else factors.view(-1, 1, 1, 1)
-    if weight is None:
-        return scaled_residual(x, branch, gamma, factors)
-    return scaled_residual_norm(x, branch, gamma, factors, weight, bias, eps)
-
-
-def _residual_conv_values(x, weight, bias, gelu, torch_fallback):
-    a = F.gelu(x) if gelu else x
-    return a + F.conv2d(a, weight.to(a.dtype), bias.to(a.dtype), padding=weight.shape[-1] // 2, groups=a.shape[1])
-
-
-def _gated_conv_values(y, v, o, weight, bias, torch_fallback):
-    from mala_mm.ops.depthwise import gated_depthwise_conv
-    return gated_depthwise_conv(y, v, o, weight, bias)
+        InterpretedFunction.run = interpreted_run
+        for operator, launcher in launchers.items():
+            operator.triton = launcher
 
 
 def count(model: nn.Module, step, dtype: Optional[torch.dtype], part_of) -> dict:

@@ -103,11 +103,11 @@ def shown(options: dict) -> str:
 
 def check_arch(arch: int, jobs: int) -> List[str]:
     """Compiles every variant for sm_``arch``, prints its table and returns its problems."""
-    from mala_mm.ops.dispatch import kernel_variants
+    from mala_mm.ops import OPERATORS
     from mala_mm.ops.triton_launch import GPU, PLAN_SHARED_MEMORY
     gpu = GPU.of_arch(arch)
-    work = [(module, kernel.__name__, options, dtype, arch) for module, kernel, options in kernel_variants(gpu)
-            for dtype in MAP_DTYPES]
+    work = [(kernel.__module__, kernel.__name__, options, dtype, arch) for operator in OPERATORS.values()
+            for kernel, options in operator.variants(gpu) for dtype in MAP_DTYPES]
     with ProcessPoolExecutor(jobs) as pool:
         results = list(pool.map(_compile_row, work))
     limit = gpu.shared_memory // 1024

@@ -3,30 +3,29 @@
 ``impl`` is 'triton' (the kernels), 'torch' (the operators) or 'auto': the kernels for CUDA tensors on a GPU that
 Triton serves (compute capability 8.0 or newer) where Triton is installed, the operators elsewhere. The backbone
 checks it once, where it is built (:func:`check_impl`); each operator then asks :func:`uses_triton` of the
-tensors it is given and runs through :func:`run`, where under 'auto' a kernel that fails on a GPU (one this
+tensors it is given and runs through :meth:`Operator.run`, where under 'auto' a kernel that fails on a GPU (one this
 package's kernels were never compiled for, or another Triton) hands that operator to its torch operators on that
 GPU, with one warning.
 """
 import logging
 import warnings
-from typing import Callable
+from importlib import import_module
+from typing import Callable, Dict, Optional
 
 import torch
 from mmengine.logging import print_log
 from torch import Tensor
 
-from .torch_compat import is_compiling, is_exporting
+from .torch_compat import in_graph
 
 try:
     import triton
 except ImportError:  # optional: without it the torch operators serve every device
     triton = None
-if triton is not None:
-    from . import depthwise_triton, mala_triton, residual_triton, rope_triton, triton_launch
-else:
-    depthwise_triton = mala_triton = residual_triton = rope_triton = triton_launch = None
 
 TRITON_AVAILABLE = triton is not None
+if TRITON_AVAILABLE:
+    from . import triton_launch
 IMPLS = ('auto', 'triton', 'torch')
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -35,16 +34,51 @@ _GPUS_LOGGED = set()
 
 
 class Operator:
-    """An operator that runs in Triton kernels or in torch operators, both with the arguments of ``torch_fn``;
-    the GPUs on which its kernels failed."""
+    """One of the blocks' operators in each of its implementations, which all take the arguments of
+    ``reference``.
 
-    def __init__(self, name: str, torch_fn: Callable):
-        self.name, self.torch_fn = name, torch_fn
+    Attributes:
+        name: the operator's name.
+        reference: its plain formula (the op's ``naive`` module): what every implementation is tested against.
+        torch: its torch operators, which the CPU, compiled, traced and exported graphs run.
+        triton: its Triton launcher, which also takes a keyword ``torch_fallback``; None without Triton.
+        variants: ``variants(gpu)`` yields (kernel, its constexprs and launch options) for each kernel variant the
+            launcher makes on a :class:`~.triton_launch.GPU`; None without Triton.
+        failed_on: the GPUs on which its kernels failed under 'auto'.
+    """
+
+    def __init__(self, name: str, reference: Callable, torch_fn: Callable, triton_module: Optional[str] = None):
+        """``triton_module``: the module that holds the Triton launcher ``name`` and ``{name}_variants``."""
+        self.name, self.reference, self.torch = name, reference, torch_fn
+        self.triton = self.variants = None
+        if triton_module is not None and TRITON_AVAILABLE:
+            module = import_module(triton_module)
+            self.triton, self.variants = getattr(module, name), getattr(module, f'{name}_variants')
         self.failed_on = set()
 
+    def __repr__(self) -> str:
+        return f'Operator({self.name!r})'
+
     def __call__(self, *args):
-        """The torch operators on ``args``."""
-        return self.torch_fn(*args)
+        """The torch operators on ``args``: what a launcher calls where its kernels fail."""
+        return self.torch(*args)
+
+    def implementations(self) -> Dict[str, Callable]:
+        """'torch' and, with Triton, 'triton': each implementation, called with the reference's arguments."""
+        found = {'torch': self.torch}
+        if self.triton is not None:
+            found['triton'] = self.triton
+        return found
+
+    def run(self, impl: str, x: Tensor, *args):
+        """The operator on ``args`` in the kernels where :func:`uses_triton` takes them for ``x``, else in torch
+        operators. Under 'auto', a kernel that fails hands the operator to its torch operators on that GPU (in the
+        backward too); under 'triton' the error stops the run."""
+        if impl == 'torch' or not uses_triton(impl, x, self):
+            return self.torch(*args)
+        torch_fallback = self if impl == 'auto' else None
+        return triton_launch.in_kernels_or_torch(lambda: self.triton(*args, torch_fallback=torch_fallback),
+                                                 torch_fallback, lambda: self.torch(*args))
 
     def available_on(self, gpu) -> bool:
         return gpu not in self.failed_on
@@ -71,7 +105,7 @@ def uses_triton(impl: str, x: Tensor, operator: Operator = None) -> bool:
     """Whether an operator given ``x`` runs in the Triton kernels. Traced, exported and compiled graphs take the
     torch operators, which they can record and the compiler fuses itself."""
     check_impl(impl, '')
-    if impl == 'torch' or torch.jit.is_tracing() or is_compiling() or is_exporting():
+    if impl == 'torch' or in_graph():
         return False
     if impl == 'auto':
         if not TRITON_AVAILABLE or not x.is_cuda or x.dtype not in FLOATS:
@@ -94,27 +128,9 @@ def uses_triton(impl: str, x: Tensor, operator: Operator = None) -> bool:
     return True
 
 
-def run(operator: Operator, impl: str, x: Tensor, triton_fn: Callable, *args):
-    """``operator`` on ``args``: ``triton_fn(*args, torch_fallback)`` where :func:`uses_triton` takes the kernels
-    for ``x``, else its torch operators. Under 'auto', a kernel that fails hands the operator to its torch operators
-    on that GPU (``torch_fallback``: in the backward too); under 'triton' the error stops the run."""
-    if not uses_triton(impl, x, operator):
-        return operator(*args)
-    torch_fallback = operator if impl == 'auto' else None
-    return triton_launch.in_kernels_or_torch(lambda: triton_fn(*args, torch_fallback), torch_fallback,
-                                             lambda: operator(*args))
-
-
 def _log_once(gpu, why_not: str) -> None:
     if gpu not in _GPUS_LOGGED:
         _GPUS_LOGGED.add(gpu)
         print_log(f"impl='auto': {why_not}; the blocks' operators run in torch operators", logger='current',
                   level=logging.WARNING)
 
-
-def kernel_variants(gpu):
-    """(operator module, kernel, its constexprs and launch options) of each Triton kernel variant that the
-    launchers make on ``gpu`` (a :class:`~.triton_launch.GPU`): what tools/compile_kernels.py compiles."""
-    for module in (mala_triton, rope_triton, depthwise_triton, residual_triton):
-        for kernel, options in module.variants(gpu):
-            yield module.__name__, kernel, options

@@ -42,6 +42,14 @@ def is_exporting() -> bool:
     return hasattr(torch.compiler, 'is_exporting') and torch.compiler.is_exporting()
 
 
+def in_graph() -> bool:
+    """Whether the code that asks is being recorded into a graph: traced (``torch.jit``, ONNX's TorchScript
+    exporter), compiled (``torch.compile``) or exported (``torch.export``, ONNX's dynamo exporter). Graphs record
+    the plain torch operators, which their compilers fuse and export, and compute what depends on the input's size
+    from it."""
+    return torch.jit.is_tracing() or is_compiling() or is_exporting()
+
+
 def compiling_to_run() -> bool:
     """Whether torch.compile is tracing the code that asks to run it here, not torch.export to export it."""
     return is_compiling() and not is_exporting()

@@ -14,7 +14,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
-from .torch_compat import foreach_copy_, is_compiling
+from .torch_compat import foreach_copy_, in_graph
 
 # the copies of the running forward (low_precision_weights), by parameter id: anything with get(id) -> copy or None
 _ACTIVE: contextvars.ContextVar = contextvars.ContextVar('mala_low_precision_weights', default=None)
@@ -22,8 +22,8 @@ _ACTIVE: contextvars.ContextVar = contextvars.ContextVar('mala_low_precision_wei
 
 def low_precision(param: Optional[Tensor]) -> Optional[Tensor]:
     """The low-precision copy of ``param`` made for the running forward, or ``param`` itself where there is none."""
-    # a graph torch.compile traces casts for itself (and reads no context variable)
-    copies = None if is_compiling() else _ACTIVE.get()
+    # a graph leaves the casts to autocast (and torch.compile reads no context variable)
+    copies = None if in_graph() else _ACTIVE.get()
     if copies is None or param is None:
         return param
     copy = copies.get(id(param))

@@ -3,7 +3,7 @@ as test parameters."""
 import pytest
 import torch
 
-from mala_mm.ops.dispatch import TRITON_AVAILABLE, mala_triton
+from mala_mm.ops import OPERATORS, TRITON_AVAILABLE
 
 
 def cpu_autocast_takes(dtype) -> bool:
@@ -32,11 +32,11 @@ ATTENTION_IMPLS = [pytest.param(name, marks=IMPL_MARKS.get(name, ())) for name i
 
 def attention_impl(name: str):
     """mala_attention's implementation ``name`` as a function of CPU tensors, returning CPU tensors."""
-    from mala_mm.ops.attention import mala_attention
+    from mala_mm.ops.mala_attention import mala_attention
     if name == 'torch':
         return mala_attention
 
     def fused(q, k, v, rope=None):
         to = lambda t: t.to(TRITON_DEVICE)  # noqa: E731
-        return mala_triton.fused_mala_attention(to(q), to(k), to(v), rope and type(rope)(*map(to, rope))).cpu()
+        return OPERATORS['mala_attention'].triton(to(q), to(k), to(v), rope and type(rope)(*map(to, rope))).cpu()
     return fused

@@ -6,7 +6,8 @@ import torch
 
 from mala_mm import MALA
 from mala_tools.analysis.step_profile import PREFIX, charge, labelled_parts, profile, table_rows
-from mala_mm.ops import attention as attention_ops, rope as rope_ops
+from mala_mm.ops.mala_attention import torch_ops as attention_ops
+from mala_mm.ops.rope import torch_ops as rope_ops
 
 
 def test_a_train_step_is_charged_to_the_parts_that_ran_it(small_arch):

@@ -172,14 +172,15 @@ def _layer_scaled(gamma: Optional[Tensor], x: Tensor) -> Tensor:
 
 
 def block_forward(block: nn.Module, x: Tensor, frequencies: Tensor, mala_order: str = 'scores') -> Tensor:
-    """One MALA block on the parameters of ``block``: CPE, then attention and FFN, each pre-norm and residual."""
+    """One MALA block on the parameters of ``block``, as in eval (no stochastic depth): CPE, then attention and FFN,
+    each pre-norm and residual."""
     x = _residual_depthwise(block.pos, x)
     attn = gated_attention(block.attn, _layer_norm(block.norm1, x), frequencies, mala_order)
-    x = x + block.drop_path(_layer_scaled(block.gamma_1, attn))
+    x = x + _layer_scaled(block.gamma_1, attn)
     ffn = block.ffn
     hidden = F.gelu(ffn.fc1(_layer_norm(block.norm2, x)))
     out = ffn.fc2(_residual_depthwise(ffn.dwconv, hidden))
-    return x + block.drop_path(_layer_scaled(block.gamma_2, out))
+    return x + _layer_scaled(block.gamma_2, out)
 
 
 def backbone_forward(model: nn.Module, x: Tensor, mala_order: str = 'scores') -> tuple:

@@ -1,5 +1,5 @@
 """MALA (MAViT) backbone for dense prediction."""
-from typing import Callable, Dict, List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 import torch
 from mmengine.logging import MMLogger
@@ -11,19 +11,11 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...checkpoint import load_backbone_weights
-from ...ops.conv2d import channels_last_strides
 from ...ops.dispatch import check_impl
-from ...ops.residual import drop_path_factors
-from ...ops.torch_compat import autocast_dtype, autocast_enabled, is_compiling, recompile_limit
-from ...ops.weight_casts import low_precision_weights
+from ...ops.runtime import BlockRuntime
 from ..layers import ConvStem, LayerNorm2d, MALAStage
-from ..layers.blocks import call_block
-from .mala_arguments import (MALAConfigError, check_stages, compiled_block, resolve_arch, resolve_attn_types,
+from .mala_arguments import (MALAConfigError, check_compile, check_stages, resolve_arch, resolve_attn_types,
                              resolve_init_cfg)
-
-# graphs the compiled block may take per kind of block (dynamo's own default for a function) before dynamo runs the
-# blocks it has no graph for eagerly
-GRAPHS_PER_BLOCK_KIND = 8
 
 
 # in mmengine's root registry, which mmdet's and mmseg's MODELS consult for a type they do not hold themselves
@@ -117,22 +109,17 @@ class MALA(BaseModule):
         self.layers = nn.ModuleList(self._stages(arch, drop_path_rate, norm_cfg, impl))
         # keyed by stage index so that the state dict reads extra_norms.{i}.* as released
         self.extra_norms = nn.ModuleDict({str(i): LayerNorm2d(self.embed_dims[i]) for i in self.out_indices})
-        # The maps are channels-last throughout (forward), and so are the gradients of every conv weight; stored
-        # with those very strides, each weight takes its gradient as it comes: autograd makes no copy into the
-        # weight's layout, and DDP none into its buckets (where it would warn "Grad strides do not match bucket
-        # view strides" at every step). Values and state dict keys are unchanged; loading copies into this layout.
-        for module in self.modules():
-            if isinstance(module, nn.Conv2d):
-                module.weight = nn.Parameter(channels_last_strides(module.weight.detach()))
-        # every branch's probability of being kept, stage by stage: training draws all their factors in two launches
+        # the conv weights channels-last, as the maps are (forward), and so their gradients come
+        BlockRuntime.store_channels_last(self)
+        # every branch's probability of being kept, stage by stage: training draws all their factors at once
         keep_probs = [p for stage in self.layers for p in stage.keep_probs()]
         self.register_buffer('keep_probs', torch.tensor(keep_probs), persistent=False)
-        self._drops_paths = min(keep_probs) < 1
         self._freeze_stages()
         # the kinds of block a compiled function serves: a stage's blocks, and where stochastic depth is on, the first
         # block of the first stage apart from the others (its rate is 0, so it has no DropPath)
-        self._block_kinds = num_stages + 1
-        self._compiled_block = compiled_block(compile)
+        self.runtime = BlockRuntime([2 * len(stage.blocks) for stage in self.layers], min(keep_probs) < 1,
+                                    self._conv_parameters, check_compile(compile), block_kinds=num_stages + 1,
+                                    weight_copies=not with_cp)
 
     def _stages(self, arch: dict, drop_path_rate: Optional[float], norm_cfg: dict, impl: str) -> List[MALAStage]:
         """The stages of ``arch``, stochastic depth rising linearly over all blocks to ``drop_path_rate``."""
@@ -172,54 +159,23 @@ class MALA(BaseModule):
             raise ValueError(f'MALA expects a (B, {self.in_channels}, H, W) batch, got shape {tuple(x.shape)}')
         if x.shape[-1] == 0 or x.shape[-2] == 0:
             raise ValueError(f'MALA got an empty image batch of shape {tuple(x.shape)}; H and W must be >= 1')
-        if self._compiled_block is not None and not (torch.jit.is_tracing() or is_compiling()):
-            with recompile_limit(GRAPHS_PER_BLOCK_KIND * self._block_kinds):
-                return self._features(x, self._compiled_block)
-        dtype = self._weight_cast_dtype(x)
-        if dtype is None:
-            return self._features(x)
-        with low_precision_weights(self._conv_parameters(), dtype):
-            return self._features(x)
-
-    def _weight_cast_dtype(self, x: Tensor) -> Optional[torch.dtype]:
-        """The dtype autocast casts the convolutions' weights to in this forward, where the backbone makes those
-        copies itself (:mod:`mala_mm.ops.weight_casts`), else None: traced, exported and compiled graphs and
-        checkpointed blocks, whose recomputation would not see the copies, leave them to autocast."""
-        device = x.device.type
-        if self.with_cp or not autocast_enabled(device) or torch.jit.is_tracing() or is_compiling():
-            return None
-        dtype = autocast_dtype(device)
-        return dtype if dtype in (torch.float16, torch.bfloat16) else None
+        with self.runtime.run(x, self.keep_probs if self.training else None) as calls:
+            # channels-last throughout: depth-wise convs run about 3x faster on it than on NCHW, and elementwise ops
+            # between maps of one layout several times faster than across layouts
+            x = self.patch_embed(x.contiguous(memory_format=torch.channels_last))
+            outs = []
+            for i, stage in enumerate(self.layers):
+                out_norm = self.extra_norms[str(i)] if i in self.out_indices else None
+                out, x = stage(x, calls.drop_factors[i], out_norm, calls.compiled)
+                if out_norm is not None:
+                    outs.append(out)
+        return tuple(outs)
 
     def _conv_parameters(self) -> List[List[nn.Parameter]]:
         """The fp32 weights and biases of the convolutions, which autocast would cast, one group per stage (the
         stem its own)."""
         return [[p for m in part.modules() if isinstance(m, nn.Conv2d) for p in (m.weight, m.bias)
                  if p is not None and p.dtype == torch.float32] for part in (self.patch_embed, *self.layers)]
-
-    def _features(self, x: Tensor, run_block: Callable = call_block) -> tuple:
-        # channels-last throughout: depth-wise convs run about 3x faster on it than on NCHW, and elementwise ops
-        # between maps of one layout several times faster than across layouts
-        x = self.patch_embed(x.contiguous(memory_format=torch.channels_last))
-        drop_factors = self._drop_path_factors(x.shape[0], run_block)
-        outs = []
-        for i, stage in enumerate(self.layers):
-            # normalised and contiguous: LayerNorm2d leaves channels-last strides, and mmcv's RoIAlign and other
-            # compiled ops read their input as contiguous NCHW memory and would gather the wrong values from such a map
-            out_norm = self.extra_norms[str(i)] if i in self.out_indices else None
-            out, x = stage(x, run_block, drop_factors[i], out_norm)
-            if out_norm is not None:
-                outs.append(out)
-        return tuple(outs)
-
-    def _drop_path_factors(self, batch: int, run_block: Callable) -> Sequence[Optional[Tensor]]:
-        """Each stage's stochastic depth factors (:meth:`MALAStage.forward`), drawn for all stages in two launches
-        where an eager training forward drops paths, else None for each (compiled and traced graphs draw their
-        own)."""
-        if not (self.training and self._drops_paths and run_block is call_block
-                and not (torch.jit.is_tracing() or is_compiling())):
-            return [None] * len(self.layers)
-        return drop_path_factors(self.keep_probs, batch).split([2 * len(stage.blocks) for stage in self.layers])
 
     def _freeze_stages(self):
         frozen = []

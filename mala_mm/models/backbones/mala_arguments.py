@@ -1,13 +1,12 @@
 """:class:`~.mala.MALA`'s arguments checked before anything is built, each refusal a :class:`MALAConfigError` that
 says which argument and what it allows."""
 import warnings
-from typing import Callable, Dict, List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 import torch
 
 from ...ops.torch_compat import HAS_CUSTOM_OPS
 from ..layers import ATTENTION_KINDS, rope_head_dims
-from ..layers.blocks import call_block
 
 CUSTOM_ARCH_DEFAULTS = dict(mlp_ratio=3.5, layer_scale_init=1.0, drop_path_rate=0.1)
 
@@ -81,17 +80,11 @@ def resolve_init_cfg(init_cfg: Optional[dict], pretrained: Optional[str]) -> Opt
     return init_cfg
 
 
-def compiled_block(compile: Union[bool, dict]) -> Optional[Callable]:
-    """:func:`call_block` compiled as ``compile`` asks, or None. One function serves every block: compiling blocks,
-    not the whole backbone, keeps the symbolic sizes of each graph those of one map (the backbone's nest a ceiling
-    division per stride-2 conv), and a stage's blocks share a graph. The block is an argument, so that a deep copy
-    of the module (an EMA model) runs its own parameters through it."""
-    if compile is False:
-        return None
-    if not HAS_CUSTOM_OPS:
-        raise MALAConfigError(f'MALA: compile needs torch >= 2.4 (its custom operators), this is {torch.__version__}')
-    if compile is not True and not isinstance(compile, dict):
+def check_compile(compile: Union[bool, dict]) -> Union[bool, dict]:
+    """``compile`` if it is a bool or a dict of ``torch.compile`` arguments that this torch can take, else a
+    :class:`MALAConfigError` saying why."""
+    if compile is not True and compile is not False and not isinstance(compile, dict):
         raise MALAConfigError(f'MALA: compile must be a bool or a dict of torch.compile arguments, got {compile!r}')
-    options = dict(fullgraph=True, dynamic=True)
-    options.update({} if compile is True else compile)
-    return torch.compile(call_block, **options)
+    if compile is not False and not HAS_CUSTOM_OPS:
+        raise MALAConfigError(f'MALA: compile needs torch >= 2.4 (its custom operators), this is {torch.__version__}')
+    return compile

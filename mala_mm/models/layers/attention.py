@@ -1,18 +1,19 @@
 """The two token mixers of MALA: magnitude-aware linear attention and softmax attention.
 
 Both share one skeleton (:class:`GatedAttention`); they differ only in the operator that turns per-head q, k, v into
-the attention result, :func:`~mala_mm.ops.attention.mala_attention` or
-:func:`~mala_mm.ops.attention.softmax_attention`, each of which runs its torch operators or its Triton kernels as
-``impl`` selects.
+the attention result, :func:`~mala_mm.ops.mala_attention.mala_attention` or
+:func:`~mala_mm.ops.softmax_attention.softmax_attention`, each of which runs its torch operators or its Triton
+kernels as ``impl`` selects.
 """
 from typing import Optional, Tuple
 
 from torch import Tensor, nn
 
-from ...ops.attention import mala_attention, softmax_attention
 from ...ops.depthwise import gated_depthwise_conv
 from ...ops.dispatch import uses_triton
+from ...ops.mala_attention import mala_attention
 from ...ops.rope import RotaryTables
+from ...ops.softmax_attention import softmax_attention
 from ...ops.weight_casts import low_precision
 from .conv import Conv2d
 from .rope import rope_head_dims

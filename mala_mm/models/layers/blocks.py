@@ -7,14 +7,12 @@ from typing import Callable, List, Optional, Sequence
 import torch
 import torch.utils.checkpoint as cp
 from mmcv.cnn import build_norm_layer
-from mmcv.cnn.bricks import DropPath
 from torch import Tensor, nn
 
 from ...ops.conv2d import channels_last_strides
 from ...ops.depthwise import residual_depthwise_conv
-from ...ops.residual import drop_path_factors, scaled_residual, scaled_residual_norm
+from ...ops.residual import add_branch, layer_norm_2d
 from ...ops.rope import RotaryTables
-from ...ops.torch_compat import compiling_to_run, is_compiling
 from .attention import MALAttention, SoftmaxAttention
 from .conv import Conv2d
 from .rope import RoPE2d
@@ -30,16 +28,7 @@ class LayerNorm2d(nn.Module):
         self.norm = nn.LayerNorm(channels, eps=eps)
 
     def forward(self, x: Tensor) -> Tensor:
-        if compiling_to_run():
-            # the same normalisation written over dim 1, for the compiler to fuse: the permuted view below, saved
-            # for backward, is a graph output whose symbolic strides inductor cannot order under dynamic sizes
-            mean = x.mean(1, keepdim=True)
-            centred = x - mean
-            variance = centred.square().mean(1, keepdim=True)
-            scale = self.norm.weight[:, None, None] * torch.rsqrt(variance + self.norm.eps)
-            return torch.addcmul(self.norm.bias[:, None, None], centred, scale)
-        # on a channels-last map the permutes are free and layer_norm runs as one fused kernel
-        return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return layer_norm_2d(x, self.norm.weight, self.norm.bias, self.norm.eps)
 
 
 class ConvStem(nn.Module):
@@ -95,7 +84,7 @@ class ResidualDWConv(Conv2d):
         self.register_buffer('centre_tap', centre_tap, persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return residual_depthwise_conv(x, self.weight, self.bias, self.centre_tap, self.gelu, self.impl)
+        return residual_depthwise_conv(x, self.weight, self.bias, self.gelu, self.centre_tap, self.impl)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + (', gelu=True' if self.gelu else '')
@@ -141,7 +130,9 @@ class MALABlock(nn.Module):
         self.attn = ATTENTION_KINDS[attn_type](embed_dims, num_heads, impl)
         self.norm2 = LayerNorm2d(embed_dims)
         self.ffn = ConvFFN(embed_dims, int(mlp_ratio * embed_dims), impl)
-        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.drop_path_rate = drop_path
+        # decided here: a graph that compared the rate would be compiled for each rate
+        self.drops_paths = drop_path > 0
         if layer_scale_init is None:
             self.gamma_1 = self.gamma_2 = None
         else:
@@ -149,32 +140,15 @@ class MALABlock(nn.Module):
             self.gamma_2 = nn.Parameter(torch.full((1, embed_dims, 1, 1), float(layer_scale_init)))
 
     @property
-    def drops_paths(self) -> bool:
-        """Whether stochastic depth drops this block's branches now (training, a rate above 0)."""
-        return self.training and isinstance(self.drop_path, DropPath)
+    def keep_prob(self) -> Optional[float]:
+        """The probability that stochastic depth keeps each branch now, or None where it drops none (in eval, or
+        at a rate of 0)."""
+        return 1 - self.drop_path_rate if self.training and self.drops_paths else None
 
     def _add_branch(self, x: Tensor, branch: Tensor, gamma: Optional[Tensor], factors: Optional[Tensor],
                     norm: Optional[LayerNorm2d] = None, as_output: bool = False):
-        """``x + DropPath(gamma * branch)``, and where ``norm`` is given also ``norm`` of it (contiguous where
-        ``as_output``): in eager mode :mod:`mala_mm.ops.residual`'s operators with the branch's stochastic depth
-        ``factors`` (drawn here where the stage drew none); traced and compiled graphs record plain operators, which
-        their compilers fuse and export."""
-        if gamma is None or torch.jit.is_tracing() or is_compiling():
-            if gamma is None:
-                x = x + self.drop_path(branch)
-            else:
-                x = x + self.drop_path(gamma * branch) if self.drops_paths else torch.addcmul(x, gamma, branch)
-            if norm is None:
-                return x
-            return x, (norm(x).contiguous() if as_output else norm(x))
-        if self.drops_paths and factors is None:
-            factors = drop_path_factors(gamma.new_full((1,), 1 - self.drop_path.drop_prob), x.shape[0])[0]
-        factors = factors if self.drops_paths else None
-        if norm is None:
-            return scaled_residual(x, branch, gamma, factors, self.impl)
-        layer_norm = norm.norm
-        return scaled_residual_norm(x, branch, gamma, factors, layer_norm.weight, layer_norm.bias, layer_norm.eps,
-                                    self.impl, as_output)
+        norm_args = None if norm is None else (norm.norm.weight, norm.norm.bias, norm.norm.eps)
+        return add_branch(x, branch, gamma, self.keep_prob, factors, norm_args, as_output, self.impl)
 
     def _forward(self, x: Tensor, rope: Optional[RotaryTables], drop_factors: Optional[Tensor],
                  out_norm: Optional[LayerNorm2d]):
@@ -192,13 +166,6 @@ class MALABlock(nn.Module):
         if self.with_cp and x.requires_grad:
             return cp.checkpoint(self._forward, x, rope, drop_factors, out_norm, use_reentrant=False)
         return self._forward(x, rope, drop_factors, out_norm)
-
-
-def call_block(block: MALABlock, x: Tensor, rope: Optional[RotaryTables],
-               drop_factors: Optional[Tensor] = None) -> Tensor:
-    """``block(x, rope, drop_factors)``: the function :class:`MALAStage` runs each block through, which
-    ``torch.compile`` may compile (``MALA(compile=...)``): one compiled function for every block of every stage."""
-    return block(x, rope, drop_factors)
 
 
 class MALAStage(nn.Module):
@@ -224,23 +191,26 @@ class MALAStage(nn.Module):
 
     def keep_probs(self) -> List[float]:
         """The probability of keeping each branch, two per block, in the order of :meth:`forward`'s factors."""
-        return [1 - getattr(block.drop_path, 'drop_prob', 0.) for block in self.blocks for _ in range(2)]
+        return [1 - block.drop_path_rate for block in self.blocks for _ in range(2)]
 
-    def forward(self, x: Tensor, run_block: Callable = call_block, drop_factors: Optional[Tensor] = None,
-                out_norm: Optional[LayerNorm2d] = None):
-        """x: (B, C, H, W); run_block: :func:`call_block` or a compiled version of it; drop_factors: the
-        (2 depth, B, 1, 1, 1) stochastic depth factors of the blocks' branches (:meth:`keep_probs`), or None;
-        out_norm: the norm of the stage's output, or None. Returns the stage output (B, C, H, W), normalised by
-        out_norm and contiguous where it is given, and the downsampled output (or None)."""
+    def forward(self, x: Tensor, drop_factors: Optional[Tensor] = None, out_norm: Optional[LayerNorm2d] = None,
+                compiled_block: Optional[Callable] = None):
+        """x: (B, C, H, W); drop_factors: the (2 depth, B, 1, 1, 1) stochastic depth factors of the blocks'
+        branches (:meth:`keep_probs`), or None; out_norm: the norm of the stage's output, or None; compiled_block: a
+        compiled :func:`~mala_mm.ops.runtime.call_block` that runs each block, or None to call them here. Returns
+        the stage output (B, C, H, W), normalised by out_norm and contiguous where it is given, and the downsampled
+        output (or None)."""
         rope = self.RoPE.tables(*x.shape[-2:], dtype=x.dtype)  # once per stage, also in a traced graph
         out = None
         for i, block in enumerate(self.blocks):
-            factors = drop_factors[2 * i:2 * i + 2] if drop_factors is not None and block.drops_paths else None
-            if i == len(self.blocks) - 1 and out_norm is not None and run_block is call_block:
-                # eagerly, the last block adds its FFN branch and normalises the sum in one operator
+            factors = None if drop_factors is None else drop_factors[2 * i:2 * i + 2]
+            if compiled_block is not None:
+                x = compiled_block(block, x, rope, factors)
+            elif i == len(self.blocks) - 1 and out_norm is not None:
+                # the last block adds its FFN branch and normalises the sum in one operator
                 x, out = block(x, rope, factors, out_norm)
             else:
-                x = run_block(block, x, rope, factors)
+                x = block(x, rope, factors)
         if out is None:
             out = x if out_norm is None else out_norm(x).contiguous()
         return out, (None if self.downsample is None else self.downsample(x))

@@ -4,10 +4,10 @@ from collections import OrderedDict
 from typing import Type
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from ...ops.rope import RotaryTables
-from ...ops.torch_compat import is_compiling
+from ...ops.torch_compat import in_graph
 
 
 def rope_head_dims(embed_dims: int, num_heads: int, where: str, error: Type[ValueError] = ValueError) -> int:
@@ -64,8 +64,8 @@ class RoPE2d(nn.Module):
         """The tables of an (height, width) map with tokens flattened row-major, for features of ``dtype``:
         float64 for float64 features, float32 otherwise (RoPE is applied in at least fp32)."""
         dtype = torch.promote_types(dtype, torch.float32)
-        if torch.jit.is_tracing() or is_compiling():
-            # a traced or exported graph computes them from its input's size, which may differ from the example's
+        if in_graph():
+            # a graph computes them from its input's size, which may differ from the example's
             return self._compute(height, width, dtype)
         key = (height, width, self.angle.device, dtype)
         if key in self._tables:

@@ -5,7 +5,8 @@ import torch
 from mala_tools import reference
 from mala_tools.analysis.attention_scores import score_matrix
 from mala_mm.models.layers import MALAttention, RoPE2d, SoftmaxAttention
-from mala_mm.ops.attention import mala_attention, softmax_attention
+from mala_mm.ops.mala_attention import mala_attention
+from mala_mm.ops.softmax_attention import softmax_attention
 from mala_mm.ops.rope import apply_rope
 
 B, HEADS, H, W, D = 2, 3, 5, 7, 8

@@ -16,7 +16,7 @@ from tests.helpers.low_precision import ATTENTION_IMPLS, IMPL_MARKS, TRITON_DEVI
 from mala_mm import MALA
 from mala_mm.models import MALAConfigError
 from mala_mm.models.layers import MALAttention, QKVOProjection, RoPE2d, SoftmaxAttention
-from mala_mm.ops.attention import mala_attention
+from mala_mm.ops.mala_attention import mala_attention
 from mala_mm.ops.dispatch import uses_triton
 from mala_mm.ops.rope import apply_rope, rotate_pair
 from mala_tools.reference import relative_error
@@ -58,7 +58,7 @@ def test_fp32_outputs_and_gradients_match_fp64(shape, with_rope):
 def test_each_gpus_plan_matches_fp64(arch, monkeypatch):
     """The tiles each GPU's plan takes (the interpreter's own are larger), heads of 64 and of 96 channels (three
     blocks of 32), with RoPE: 7 x 9 tokens cross tiles of 16 and 32, and the tiles cross a chunk's end."""
-    from mala_mm.ops import mala_triton
+    from mala_mm.ops.mala_attention import triton_ops as mala_triton
     from mala_mm.ops.triton_launch import GPU
     monkeypatch.setattr(mala_triton, 'gpu_of', lambda t: GPU.of_arch(arch))
     monkeypatch.setattr(mala_triton, 'TARGET_PROGRAMS', 4)  # a head's tokens in two chunks

@@ -23,7 +23,7 @@ from mala_mm import MALA
 from mala_tools import reference
 from mala_tools.reference import relative_error
 from mala_mm.models.layers import MALAttention, RoPE2d
-from mala_mm.ops.attention import mala_attention
+from mala_mm.ops.mala_attention import mala_attention
 
 
 # torch 2.1.2's CPU scaled_dot_product_attention aborts the process in its bfloat16 backward ("double free or

@@ -8,13 +8,13 @@ import torch
 
 from tests.helpers.low_precision import IMPL_MARKS, TRITON_DEVICE
 from mala_mm.models.layers import RoPE2d
-from mala_mm.ops.attention import mala_attention
+from mala_mm.ops.mala_attention import mala_attention
 from mala_mm.ops.depthwise import gated_depthwise_conv, residual_depthwise_conv
 from mala_mm.ops.residual import scaled_residual, scaled_residual_norm
 from mala_mm.ops.rope import rotate_pair
 
 try:
-    from mala_mm.ops.mala_triton import AttentionPlan
+    from mala_mm.ops.mala_attention.triton_ops import AttentionPlan
     from mala_mm.ops.triton_launch import MAX_GRID_YZ, check_grid
 except ImportError:  # without Triton, whose tests IMPL_MARKS skips
     AttentionPlan = None
@@ -68,12 +68,13 @@ OPERATORS = {
     'mala_attention': (lambda q, k, v, impl: mala_attention(q, k, v, None, 1e-6, impl), [(0, 2, 20, 16)] * 3),
     'rotate_pair': (lambda q, k, impl: rotate_pair(q, k, RoPE2d(16).to(TRITON_DEVICE).tables(4, 5), impl),
                     [(0, 2, 20, 16)] * 2),
-    'residual_depthwise_conv': (lambda x, w, b, impl: residual_depthwise_conv(x, w, b, centre_tap(w), True, impl),
+    'residual_depthwise_conv': (lambda x, w, b, impl: residual_depthwise_conv(x, w, b, True, centre_tap(w), impl),
                                 [(0, C, *SIZE), (C, 1, 3, 3), (C,)]),
     'gated_depthwise_conv': (gated_depthwise_conv, [(0, C, *SIZE)] * 3 + [(C, 1, 5, 5), (C,)]),
     'scaled_residual': (lambda x, b, g, impl: scaled_residual(x, b, g, None, impl),
                         [(0, C, *SIZE), (0, C, *SIZE), (1, C, 1, 1)]),
-    'scaled_residual_norm': (lambda x, b, g, w, bias, impl: scaled_residual_norm(x, b, g, None, w, bias, 1e-6, impl),
+    'scaled_residual_norm': (lambda x, b, g, w, bias, impl: scaled_residual_norm(x, b, g, None, w, bias, 1e-6,
+                                                                                  impl=impl),
                              [(0, C, *SIZE), (0, C, *SIZE), (1, C, 1, 1), (C,), (C,)]),
 }
 
@@ -91,7 +92,7 @@ def test_expanded_stochastic_depth_factors_are_read_as_their_values(norm):
     factors = torch.tensor([0.0, 2.0], device=TRITON_DEVICE)[1:].view(1, 1, 1, 1).expand(3, 1, 1, 1)
     inputs = leaves((3, C, *SIZE), (3, C, *SIZE), (1, C, 1, 1), (C,), (C,), channels_last=True)
     def with_norm(x, branch, gamma, weight, bias, impl):
-        return scaled_residual_norm(x, branch, gamma, factors, weight, bias, 1e-6, impl)
+        return scaled_residual_norm(x, branch, gamma, factors, weight, bias, 1e-6, impl=impl)
 
     def without_norm(x, branch, gamma, impl):
         return scaled_residual(x, branch, gamma, factors, impl)

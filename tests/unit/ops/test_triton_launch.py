@@ -12,8 +12,8 @@ import torch
 from tests.helpers import SMALL_ARCH, feature_loss
 from tests.helpers.low_precision import IMPL_MARKS, TRITON_DEVICE
 from mala_mm import MALA
-from mala_mm.ops import attention, dispatch
-from mala_mm.ops.attention import mala_attention
+from mala_mm.ops import OPERATORS, dispatch
+from mala_mm.ops.mala_attention import mala_attention
 
 try:
     from triton.runtime.jit import KernelInterface
@@ -123,9 +123,9 @@ def test_every_launch_runs_on_its_tensors_device(gpus, monkeypatch):
     model = MALA(arch=SMALL_ARCH, impl='triton').to(TRITON_DEVICE)
     feature_loss([out.cpu() for out in model(torch.randn(2, 3, 32, 32, device=TRITON_DEVICE))]).backward()
     assert {name for name, _ in launched_on} == {
-        'state_kernel', 'output_kernel', 'query_grad_kernel', 'key_value_grad_kernel', '_rotate_pair_kernel',
-        '_residual_conv_kernel', '_residual_conv_grad_kernel', '_gated_conv_kernel', '_gated_conv_grad_kernel',
-        '_residual_kernel', '_residual_grad_kernel'}
+        'state_kernel', 'output_kernel', 'query_grad_kernel', 'key_value_grad_kernel', 'rotate_pair_kernel',
+        'residual_conv_kernel', 'residual_conv_grad_kernel', 'gated_conv_kernel', 'gated_conv_grad_kernel',
+        'residual_kernel', 'residual_grad_kernel'}
     assert {device for _, device in launched_on} == {1}
 
 
@@ -136,7 +136,7 @@ def auto_on_a_gpu(monkeypatch):
     gpu = triton_launch.gpu_of(torch.empty(0, device=TRITON_DEVICE))
     monkeypatch.setattr(dispatch, 'uses_triton', lambda impl, x, operator=None: impl == 'triton' or (
         impl == 'auto' and (operator is None or operator.available_on(gpu))))
-    monkeypatch.setattr(attention.MALA_ATTENTION, 'failed_on', set())
+    monkeypatch.setattr(OPERATORS['mala_attention'], 'failed_on', set())
     return gpu
 
 
@@ -189,4 +189,4 @@ def test_auto_takes_the_gradients_in_torch_where_a_backward_kernel_fails(auto_on
     expected = torch.autograd.grad(mala_attention(*inputs, impl='torch'), inputs, grad)
     for a, b in zip(ours, expected):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-    assert not attention.MALA_ATTENTION.available_on(auto_on_a_gpu)
+    assert not OPERATORS['mala_attention'].available_on(auto_on_a_gpu)

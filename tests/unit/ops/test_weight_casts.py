@@ -12,7 +12,7 @@ def _autocast():
 
 def _outputs_and_gradients(model, x, monkeypatch, own_copies: bool):
     if not own_copies:  # every convolution left to autocast's own casts
-        monkeypatch.setattr(MALA, '_weight_cast_dtype', lambda self, x: None)
+        monkeypatch.setattr(model.runtime, 'weight_copies', False)
     model.zero_grad(set_to_none=True)
     torch.manual_seed(1)  # the same stochastic depth in both runs
     with _autocast():
@@ -77,7 +77,7 @@ def test_eval_copies_every_weight_in_one_launch_a_forward_and_sees_changes_throu
         with _autocast():
             changed = model(x)
         assert len(copies) == 2
-        monkeypatch.setattr(MALA, '_weight_cast_dtype', lambda self, x: None)
+        monkeypatch.setattr(model.runtime, 'weight_copies', False)
         with _autocast():
             expected = model(x)
     assert all(torch.equal(a, b) for a, b in zip(changed, expected))

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mala_mm.models import MALA
-from mala_mm.ops.attention import mala_attention, softmax_attention
+from mala_mm.ops.mala_attention import mala_attention
+from mala_mm.ops.softmax_attention import softmax_attention
 from mala_mm.ops.rope import RotaryTables
 from mala_tools.analysis.baselines import linear_attention
 

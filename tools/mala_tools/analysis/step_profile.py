@@ -13,7 +13,8 @@ from torch.autograd.profiler import record_function
 from mala_mm.models import MALA
 from mala_mm.models.layers import (ConvDownsample, ConvFFN, ConvStem, GatedAttention, LayerNorm2d, MALABlock,
                                    MALAttention, MALAStage)
-from mala_mm.ops import attention as attention_ops, rope as rope_ops
+from mala_mm.ops.mala_attention import torch_ops as attention_ops
+from mala_mm.ops.rope import torch_ops as rope_ops
 
 PREFIX = 'part: '
 OUTSIDE = 'loss and autograd bookkeeping'
@@ -76,7 +77,7 @@ def labelled_parts(model: MALA) -> Iterator[None]:
             core = 'attention: MALA core (phi, z, beta, matmuls)' if isinstance(module, MALAttention) \
                 else 'attention: softmax (SDPA)'
             module.attend = labelled(module.attend, core)
-    # both operator modules that rotate call apply_rope by its global name
+    # both torch operator modules that rotate call apply_rope by its global name
     original_rope = rope_ops.apply_rope
     attention_ops.apply_rope = rope_ops.apply_rope = labelled(original_rope, 'attention: RoPE rotation')
     try:

@@ -1,6 +1,6 @@
-"""Magnitude-aware linear attention in Triton kernels (:mod:`.mala_triton_kernels`), as an autograd function:
-how one call splits its (B, h, N, d) features into blocks, tiles and chunks on the GPU it runs on, and the four
-launches, two for the forward and two for the backward.
+"""Magnitude-aware linear attention in Triton kernels (:mod:`.kernels`, :mod:`.grad_kernels`) as an autograd
+function: how one call splits its (B, h, N, d) features into blocks, tiles and chunks on the GPU it runs on, and the
+four launches, two for the forward and two for the backward.
 """
 from typing import Callable, Iterator, Optional, Tuple
 
@@ -8,9 +8,11 @@ import torch
 import triton
 from torch import Tensor
 
-from .mala_triton_kernels import key_value_grad_kernel, output_kernel, query_grad_kernel, state_kernel
-from .triton_launch import (GPU, INTERPRETER_GPU, gpu_of, in_kernels_or_torch, launch, registers_a_thread,
-                            torch_gradients)
+from ..triton_helpers import heads_of_channels_last_map, strides, unit_stride
+from ..triton_launch import (GPU, INTERPRETER_GPU, gpu_of, in_kernels_or_torch, launch, registers_a_thread,
+                             torch_gradients)
+from .grad_kernels import key_value_grad_kernel, query_grad_kernel
+from .kernels import output_kernel, state_kernel
 
 # programs the state reduction aims for, over all chunks, batch items and heads: a few per SM of a large GPU, so
 # that one head of 64,000 tokens (MALA-T's first stage at 1333 x 800) spreads over the GPU
@@ -48,30 +50,13 @@ def kernel_options(kernel_name: str, head_dims: int, has_rope: bool, gpu: GPU) -
                 num_warps=num_warps, num_stages=1, maxnreg=registers_a_thread(num_warps))
 
 
-def variants(gpu: GPU) -> Iterator[Tuple[object, dict]]:
+def mala_attention_variants(gpu: GPU) -> Iterator[Tuple[object, dict]]:
     """(kernel, its options) of each variant the launcher makes on ``gpu``: MALA-T/S's 64-wide heads and MALA-B/L's
     96-wide ones, with and without RoPE."""
     for head_dims in (64, 96):
         for has_rope in (False, True):
             for kernel in KERNELS:
                 yield kernel, kernel_options(kernel.__name__, head_dims, has_rope, gpu)
-
-
-def strides(t: Tensor) -> Tuple[int, int, int]:
-    """The batch, head and token strides of a (B, h, N, d) tensor, as the kernels take them."""
-    return t.stride(0), t.stride(1), t.stride(2)
-
-
-def heads_of_channels_last_map(like: Tensor) -> Tensor:
-    """An empty (B, h, N, d) tensor like ``like``, laid out as the heads of a channels-last (B, h d, H, W) map: the
-    skeleton turns it back into that map without a copy."""
-    batch, heads, num_tokens, head_dims = like.shape
-    return like.new_empty((batch, num_tokens, heads, head_dims)).transpose(1, 2)
-
-
-def unit_stride(t: Tensor) -> Tensor:
-    """t, or a copy of it, whose channels are adjacent in memory, as the kernels address them."""
-    return t if t.stride(-1) == 1 else t.contiguous()
 
 
 class AttentionPlan:
@@ -151,17 +136,17 @@ def _gradients(q: Tensor, k: Tensor, v: Tensor, cos: Optional[Tensor], sin: Opti
     return dq, dk, dv
 
 
-def fused_mala_attention(q: Tensor, k: Tensor, v: Tensor, rope=None, eps: float = 1e-6,
+def mala_attention(q: Tensor, k: Tensor, v: Tensor, rope=None, eps: float = 1e-6,
                          torch_fallback: Optional[Callable] = None) -> Tensor:
-    """:func:`~mala_mm.ops.attention.mala_attention` in Triton kernels, with the same arguments.
+    """:func:`~mala_mm.ops.mala_attention.mala_attention` in Triton kernels, with the same arguments.
 
     Args:
         q, k, v: (B, h, N, d) fp32, bf16 or fp16 on one device, any strides (a view of a channels-last map's heads
             is read in place).
         rope: the (N, d) :class:`~mala_mm.ops.rope.RotaryTables`, or None.
         eps: keeps ``1 / z`` finite.
-        torch_fallback: where a backward kernel fails on the GPU, the :class:`~.dispatch.Operator` that gives the
-            gradients in torch operators instead; None: the error stops the backward.
+        torch_fallback: where a backward kernel fails on the GPU, the :class:`~mala_mm.ops.dispatch.Operator` that
+            gives the gradients in torch operators instead; None: the error stops the backward.
 
     Returns:
         (B, h, N, d) in v's dtype, laid out as the heads of a channels-last map.
