@@ -1,8 +1,8 @@
 """Autocast's weight casts, made for a group of parameters at once.
 
 Under autocast each convolution casts its weight and its bias to the autocast dtype in every forward, one kernel
-each, and in training casts their gradients back, one more each: in MALA-T that is 182 kernels of an eval forward
-and 364 of a training step, whose GPU time is the time of launching them. :func:`low_precision_weights` makes the
+each, and in training casts their gradients back, one more each: launches whose GPU time is the time of launching
+them (docs/dev/benchmarks.md counts them for MALA-T). :func:`low_precision_weights` makes the
 same copies (round to nearest, the strides of each parameter) with one multi-tensor copy per group, and their
 gradients with one more. The convolutions take them through :func:`low_precision`, and autocast, finding them in
 its dtype already, casts nothing more. Values and gradients are those of autocast's own casts.

@@ -1,5 +1,6 @@
-"""The explicit reference (mala_tools.reference), the tests' oracle and the benchmarks' baseline: its two evaluation
-orders of MALA agree, and its backbone reproduces the release's outputs and agrees with the model.
+"""The explicit reference (mala_tools.reference), the release comparison's oracle and the benchmarks' baseline: its
+two evaluation orders of MALA agree, its RoPE tables are the model's, and its backbone reproduces the release's
+outputs and agrees with the model.
 
 Errors are max |ours - expected| / max |expected| per output, as in tests/unit/models/test_mixed_precision.py.
 Between the image and the last output of the fixture's arch lie 13 layers computed in fp32 (the stem's 4 convs, 6
@@ -14,8 +15,10 @@ import torch
 
 from tests.helpers import DATA_DIR
 from mala_mm import MALA
-from mala_tools import reference
 from mala_mm.checkpoint import load_backbone_weights
+from mala_mm.models.layers import RoPE2d
+from mala_mm.ops.mala_attention import naive
+from mala_tools import reference
 from mala_tools.reference import relative_error
 
 FP32_LAYERS = 4 + 6 + 3
@@ -75,27 +78,29 @@ CASES = {
 }
 
 
+def spec_angles():
+    return reference.rope_angles(reference.rope_frequencies(D, torch.float64), H, W)
+
+
 @pytest.mark.parametrize('with_rope', [False, True])
 @pytest.mark.parametrize('case', list(CASES))
 def test_the_two_evaluation_orders_agree(case, with_rope):
     q, k, v = CASES[case]()
-    angles = reference.rope_angles(reference.rope_frequencies(D, torch.float64), H, W) if with_rope else None
-    scores = reference.mala_attention(q, k, v, angles, order='scores', rows_at_a_time=8)  # several row blocks
+    angles = spec_angles() if with_rope else None
+    scores = reference.mala_attention(q, k, v, angles, order='scores')
     release_order = reference.mala_attention(q, k, v, angles, order='release')
     close = dict(rtol=1e-10, atol=1e-10 * scores.abs().max().item())
     torch.testing.assert_close(release_order, scores, **close)
-    torch.testing.assert_close(reference.mala_scores(q, k, angles) @ v, scores, **close)
+    rope = None if angles is None else reference.rope_tables(angles)
+    torch.testing.assert_close(naive.mala_scores(q, k, rope) @ v, scores, **close)
     with pytest.raises(ValueError, match='evaluation order'):
         reference.mala_attention(q, k, v, angles, order='linear')
 
 
-def test_score_rows_sum_to_one_without_rope_only():
-    q, k, _ = CASES['random']()
-    row_sums = reference.mala_scores(q, k).sum(-1)
-    # the sum is z / (z + eps) exactly
-    torch.testing.assert_close(row_sums, torch.ones_like(row_sums), rtol=0, atol=1e-5)
-    angles = reference.rope_angles(reference.rope_frequencies(D, torch.float64), H, W)
-    assert (reference.mala_scores(q, k, angles).sum(-1) - 1).abs().max() > 1e-3
+def test_the_spec_angles_give_the_models_tables():
+    tables, expected = reference.rope_tables(spec_angles()), RoPE2d(D).tables(H, W, dtype=torch.float64)
+    torch.testing.assert_close(tables.cos, expected.cos)
+    torch.testing.assert_close(tables.sin, expected.sin)
 
 
 def test_rope_angles_are_row_then_column_multiples_of_the_frequencies():

@@ -1,17 +1,13 @@
-"""MALA written out explicitly from the spec: the tests' oracle and the benchmarks' baseline.
+"""MALA's backbone written out explicitly from the spec: the release comparison's oracle and the benchmarks'
+baseline.
 
 Development code, not part of the installed package: ``from mala_tools import reference``. Nothing here calls the
-forward code of :mod:`mala_mm.models`: the attention, RoPE and every block are computed term by term from the spec,
-in the default NCHW layout, with the RoPE tables rebuilt in every block and heads split by reshape + transpose +
-contiguous copy. Only plain torch layers (convs, norms) are reused, through their parameters.
+forward code of :mod:`mala_mm.models`: every block is computed term by term, in the default NCHW layout, with the
+RoPE tables rebuilt from the spec's angles in every block and heads split by reshape + transpose + contiguous copy;
+the attention formulas are the ops' plain references (``mala_mm.ops.<op>.naive``). Only plain torch layers (convs,
+norms) are reused, through their parameters.
 
-MALA, with phi(x) = elu(x) + 1, scale s = d^-1/2 and N tokens, weighs value j for query i by::
-
-    S_ij = beta_i s_ij - gamma_i,     s_ij = s RoPE(phi(q_i)) . RoPE(phi(k_j)) / N,
-    z_i = s phi(q_i) . mean_j phi(k_j),     beta_i = 1 + 1 / (z_i + 1e-6),     gamma_i = z_i / N,
-
-and y_i = sum_j S_ij v_j. z uses the un-rotated features, as released, so each row of S sums to one only without
-RoPE. :func:`mala_attention` evaluates this one formula in either of two orders:
+:func:`mala_attention` evaluates MALA (:mod:`mala_mm.ops.mala_attention.naive`) in either of two orders:
 
 - ``'scores'``: the N x N matrix S, then S v; O(N^2 d). The oracle: every score is a term of the formula.
 - ``'release'``: the release's order, ``KV = (k~ sqrt(s/N))^T (v sqrt(s/N))`` (d x d per head), then
@@ -21,10 +17,8 @@ RoPE. :func:`mala_attention` evaluates this one formula in either of two orders:
 Softmax attention is always explicit: ``softmax(s q~ k~^T) v`` through its N x N matrix.
 
 :func:`reference_backbone` copies a :class:`mala_mm.MALA` with its weights and gives it this forward. The
-benchmarks time it with ``mala_order='release'`` (the N x N order would not fit at their input sizes): their
-baseline is the spec computed directly, MALA stages in the release's linear order, softmax stages through the
-N x N matrix. Everything here computes in the dtype of its inputs, so fp64 inputs give an fp64 reference, and
-under autocast its matmuls run in the autocast dtype as the release's would.
+benchmarks time it with ``mala_order='release'``. Everything here computes in the dtype of its inputs, so fp64
+inputs give an fp64 reference, and under autocast its matmuls run in the autocast dtype as the release's would.
 """
 import copy
 import functools
@@ -35,6 +29,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mala_mm.models.layers import MALAttention
+from mala_mm.ops.mala_attention import naive
+from mala_mm.ops.rope.naive import RotaryTables, apply_rope
 
 EPS = 1e-6
 MALA_ORDERS = ('scores', 'release')
@@ -45,11 +41,6 @@ def relative_error(ours: Tensor, reference: Tensor) -> float:
     error = (ours.double() - reference.double()).abs().max().item()
     scale = reference.double().abs().max().item()
     return error / scale if scale else error
-
-
-def phi(x: Tensor) -> Tensor:
-    """MALA's kernel, ``elu(x) + 1``: positive features."""
-    return F.elu(x) + 1
 
 
 def rope_frequencies(head_dims: int, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -71,63 +62,40 @@ def rope_angles(frequencies: Tensor, height: int, width: int) -> Tensor:
     return torch.cat([row_angles, column_angles], dim=-1).flatten(0, 1)
 
 
-def rotate(x: Tensor, angles: Tensor) -> Tensor:
-    """``RoPE(x) = x cos + rot(x) sin``, ``rot`` mapping each channel pair (x_2m, x_2m+1) to (-x_2m+1, x_2m).
-
-    x: (..., N, d); angles: (N, d) from :func:`rope_angles`.
-    """
-    rot = torch.stack([-x[..., 1::2], x[..., 0::2]], dim=-1).flatten(-2)
-    return x * angles.cos() + rot * angles.sin()
-
-
-def _mala_terms(q: Tensor, k: Tensor, angles: Optional[Tensor]):
-    """q~ = RoPE(phi(q)), k~ = RoPE(phi(k)), and z, beta of every query, (..., N, 1), from the un-rotated phi."""
-    scale = q.shape[-1] ** -0.5
-    phi_q, phi_k = phi(q), phi(k)
-    z = scale * phi_q @ phi_k.mean(-2, keepdim=True).transpose(-2, -1)
-    beta = 1 + 1 / (z + EPS)
-    if angles is not None:
-        phi_q, phi_k = rotate(phi_q, angles), rotate(phi_k, angles)
-    return phi_q, phi_k, z, beta
+def rope_tables(angles: Tensor) -> RotaryTables:
+    """The (N, d) tables of ``angles`` in the layout of :class:`~mala_mm.ops.rope.RotaryTables`: each channel's
+    cos, and its sin signed as the rotation ``(x_2m, x_2m+1) -> (x_2m cos - x_2m+1 sin, x_2m sin + x_2m+1 cos)``
+    weighs its partner (- at even channels)."""
+    sign = torch.ones(angles.shape[-1], dtype=angles.dtype, device=angles.device)
+    sign[0::2] = -1
+    return RotaryTables(angles.cos(), angles.sin() * sign)
 
 
-def _score_rows(q_rot: Tensor, k_rot: Tensor, z: Tensor, beta: Tensor) -> Tensor:
-    """``S_ij = beta_i s_ij - gamma_i`` for the queries given (rows) against every key (columns)."""
-    num_tokens = k_rot.shape[-2]
-    s = q_rot.shape[-1] ** -0.5 * q_rot @ k_rot.transpose(-2, -1) / num_tokens
-    return beta * s - z / num_tokens
-
-
-def mala_scores(q: Tensor, k: Tensor, angles: Optional[Tensor] = None) -> Tensor:
-    """MALA's N x N score matrix S, (..., N, N), for q, k of shape (..., N, d); angles None for no RoPE."""
-    return _score_rows(*_mala_terms(q, k, angles))
-
-
-def mala_attention(q: Tensor, k: Tensor, v: Tensor, angles: Optional[Tensor] = None, order: str = 'scores',
-                   rows_at_a_time: int = 1024) -> Tensor:
-    """MALA's y = S v for (..., N, d) q, k, v, in the evaluation ``order`` 'scores' or 'release' (module doc).
-
-    'scores' builds S ``rows_at_a_time`` query rows at a time: S of 128 x 128 tokens would take 2 GiB in fp64.
-    """
-    q_rot, k_rot, z, beta = _mala_terms(q, k, angles)
+def mala_attention(q: Tensor, k: Tensor, v: Tensor, angles: Optional[Tensor] = None,
+                   order: str = 'scores') -> Tensor:
+    """MALA's y = S v for (..., N, d) q, k, v, in the evaluation ``order`` 'scores' or 'release' (module doc)."""
+    rope = None if angles is None else rope_tables(angles)
     if order == 'scores':
-        row_blocks = []
-        for start in range(0, q.shape[-2], rows_at_a_time):
-            rows = slice(start, start + rows_at_a_time)
-            row_blocks.append(_score_rows(q_rot[..., rows, :], k_rot, z[..., rows, :], beta[..., rows, :]) @ v)
-        return torch.cat(row_blocks, dim=-2)
+        return naive.mala_attention(q, k, v, rope, EPS)
     if order == 'release':
+        scale = q.shape[-1] ** -0.5
+        phi_q, phi_k = naive.phi(q), naive.phi(k)
+        z = scale * phi_q @ phi_k.mean(-2, keepdim=True).transpose(-2, -1)
+        beta = 1 + 1 / (z + EPS)
+        if rope is not None:
+            phi_q, phi_k = apply_rope(phi_q, rope), apply_rope(phi_k, rope)
         # the release scales both factors of KV by sqrt(s / N) rather than KV by s / N
-        factor = (q.shape[-1] ** -0.5 / k.shape[-2]) ** 0.5
-        kv = (k_rot * factor).transpose(-2, -1) @ (v * factor)
-        return q_rot @ kv * beta - z * v.mean(-2, keepdim=True)
+        factor = (scale / k.shape[-2]) ** 0.5
+        kv = (phi_k * factor).transpose(-2, -1) @ (v * factor)
+        return phi_q @ kv * beta - z * v.mean(-2, keepdim=True)
     raise ValueError(f'MALA evaluation order must be one of {MALA_ORDERS}, got {order!r}')
 
 
 def softmax_attention(q: Tensor, k: Tensor, v: Tensor, angles: Optional[Tensor] = None) -> Tensor:
     """``softmax(d^-1/2 q~ k~^T) v`` on the raw q, k (rotated where angles are given), through the N x N matrix."""
     if angles is not None:
-        q, k = rotate(q, angles), rotate(k, angles)
+        tables = rope_tables(angles)
+        q, k = apply_rope(q, tables), apply_rope(k, tables)
     return (q.shape[-1] ** -0.5 * q @ k.transpose(-2, -1)).softmax(-1) @ v
 
 

