@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..rope import RotaryTables, apply_rope
-from ..torch_compat import autocast_dtype, autocast_enabled
+from ..torch_compat import autocast_dtype, autocast_enabled, in_graph
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -16,24 +16,97 @@ def mala_attention(q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables]
                    eps: float = 1e-6) -> Tensor:
     """:func:`~mala_mm.ops.mala_attention.mala_attention` in torch operators, O(N d^2): the scores' factor ``s / N``
     moved from KV onto beta (N values, not d^2), and only the two matmuls of ``q~ KV`` in low precision (see
-    :func:`low_precision_product`)."""
+    :func:`low_precision_product`).
+
+    Where gradients flow in eager mode, the backward is written out (:class:`MALAttentionFunction`): it keeps q, k
+    and v as given, not the fp32 features, scales and products that autograd would keep for each operator. Graphs
+    (traced, compiled or exported) record the operators, and their compilers choose what to keep."""
+    matmul_dtype = matmul_dtype_of(v)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)) and not in_graph():
+        cos, sin = (None, None) if rope is None else rope
+        return MALAttentionFunction.apply(q, k, v, cos, sin, eps, matmul_dtype)
+    return _forward(q, k, v, rope, eps, matmul_dtype)
+
+
+def _forward(q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables], eps: float, matmul_dtype: torch.dtype,
+             with_terms: bool = False):
+    """Y, and where ``with_terms`` also each query's z and ``1 / (z + eps)``, (..., N, 1), and the means of phi(k)
+    and of v, (..., 1, d), fp32."""
     num_tokens, head_dims = q.shape[-2:]
     s = head_dims ** -0.5
-    out_dtype, matmul_dtype = v.dtype, matmul_dtype_of(v)
+    out_dtype = v.dtype
     with torch.autocast(q.device.type, enabled=False):
         q, k, v = (t.to(torch.promote_types(t.dtype, torch.float32)) for t in (q, k, v))
         # q and k made dense (a copy only where a stage has several heads): for a strided input, the strides torch
         # assumes for elu's gradient while compiling differ from those its kernel gives, and the compiled backward
         # then fails on a view
         phi_q, phi_k = F.elu(q.contiguous()) + 1, F.elu(k.contiguous()) + 1
-        z = s * (phi_q @ phi_k.mean(-2, keepdim=True).transpose(-2, -1))
-        beta = 1 + 1 / (z + eps)
+        k_mean, v_mean = phi_k.mean(-2, keepdim=True), v.mean(-2, keepdim=True)
+        z = s * (phi_q @ k_mean.transpose(-2, -1))
+        inverse = 1 / (z + eps)
         if rope is not None:
             phi_q, phi_k = apply_rope(phi_q, rope), apply_rope(phi_k, rope)
         # beta_i q~_i KV with KV's factor s / N moved onto beta (N values, not N d), then - gamma_i sum_j v_j
-        y = (beta * (s / num_tokens)) * low_precision_product(phi_q, phi_k, v, matmul_dtype)
-        y = y.addcmul_(z, v.mean(-2, keepdim=True), value=-1)                               # gamma_i N = z_i
-    return y.to(out_dtype)
+        y = ((1 + inverse) * (s / num_tokens)) * low_precision_product(phi_q, phi_k, v, matmul_dtype)
+        y = y.addcmul_(z, v_mean, value=-1).to(out_dtype)                               # gamma_i N = z_i
+    return (y, z, inverse, k_mean, v_mean) if with_terms else y
+
+
+class MALAttentionFunction(torch.autograd.Function):
+    """:func:`mala_attention` with its backward written out in fp32 torch operators, from q, k and v, each query's z
+    and ``1 / (z + eps)`` (two values a token) and the means of phi(k) and v alone.
+
+    With ``phi(x) = elu(x) + 1``, ``q~ = R(phi(q))``, ``k~ = R(phi(k))``, ``KV = k~^T v``, ``c = s / N`` and the
+    output ``Y = c (1 + 1 / (z + eps)) q~ KV - z mean(v)``, for the gradient G of Y, with ``A = G KV^T``
+    (``G . q~ KV = q~ . A`` row by row)::
+
+        dq~ = c (1 + 1 / (z + eps)) A,   -dz = G . mean(v) + c (q~ . A) / (z + eps)^2
+        dKV = q~^T dP (dP = c (1 + 1 / (z + eps)) G),   dk~ = v dKV^T,   dv = k~ dKV - z^T G / N
+        dphi(q) = R^T(dq~) + s dz mean(phi(k)),   dphi(k) = R^T(dk~) + c dz^T phi(q)
+    """
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, cos: Optional[Tensor], sin: Optional[Tensor], eps: float,
+                matmul_dtype: torch.dtype) -> Tensor:
+        y, *terms = _forward(q, k, v, None if cos is None else RotaryTables(cos, sin), eps, matmul_dtype,
+                             with_terms=True)
+        ctx.save_for_backward(q, k, v, cos, sin, *terms)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        q_in, k_in, v_in, cos, sin, z, inverse, k_mean, v_mean = ctx.saved_tensors
+        num_tokens, head_dims = q_in.shape[-2:]
+        s = head_dims ** -0.5
+        c = s / num_tokens
+        with torch.autocast(q_in.device.type, enabled=False):
+            q, k, v, grad = (t.to(torch.promote_types(t.dtype, torch.float32)) for t in (q_in, k_in, v_in, grad))
+            elu_q, elu_k = F.elu(q), F.elu(k)
+            phi_q, phi_k = elu_q + 1, elu_k + 1
+            rotated_q, rotated_k = phi_q, phi_k
+            if cos is not None:
+                tables = RotaryTables(cos, sin)
+                rotated_q, rotated_k = apply_rope(phi_q, tables), apply_rope(phi_k, tables)
+            kv = rotated_k.transpose(-2, -1) @ v
+            a = grad @ kv.transpose(-2, -1)
+            scale = (1 + inverse).mul_(c)
+            minus_d_z = torch.addcmul(grad @ v_mean.transpose(-2, -1), inverse.square(),
+                                      (rotated_q * a).sum(-1, keepdim=True), value=c)
+            d_kv = rotated_q.transpose(-2, -1) @ (scale * grad)
+            d_rotated_q, d_rotated_k = a.mul_(scale), v @ d_kv.transpose(-2, -1)
+            if cos is not None:
+                d_rotated_q, d_rotated_k = _rotated_back(d_rotated_q, tables), _rotated_back(d_rotated_k, tables)
+            d_phi_q = d_rotated_q.addcmul_(minus_d_z, k_mean, value=-s)
+            d_phi_k = d_rotated_k.add_(minus_d_z.transpose(-2, -1) @ phi_q, alpha=-c)
+            dv = (rotated_k @ d_kv).sub_(z.transpose(-2, -1) @ grad, alpha=1 / num_tokens)
+            dq = torch.ops.aten.elu_backward(d_phi_q, 1.0, 1, 1, True, elu_q)
+            dk = torch.ops.aten.elu_backward(d_phi_k, 1.0, 1, 1, True, elu_k)
+        return dq.to(q_in.dtype), dk.to(k_in.dtype), dv.to(v_in.dtype), None, None, None, None
+
+
+def _rotated_back(x: Tensor, tables: RotaryTables) -> Tensor:
+    """R^T(x), the rotation by the opposite angles: ``x cos - swap(x) sin``."""
+    return torch.addcmul(x * tables.cos, x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2), tables.sin, value=-1)
 
 
 def matmul_dtype_of(x: Tensor) -> torch.dtype:

@@ -80,7 +80,7 @@ def residual_kernel(x_ptr, branch_ptr, gamma_ptr, factors_ptr, weight_ptr, bias_
 
 
 @triton.jit(do_not_specialize=PIXEL_ARGS + ['tiles_per_program'])
-def residual_grad_kernel(out_ptr, branch_ptr, gamma_ptr, factors_ptr, weight_ptr, grad_ptr, grad_normed_ptr,
+def residual_grad_kernel(x_ptr, branch_ptr, gamma_ptr, factors_ptr, weight_ptr, grad_ptr, grad_normed_ptr,
                           grad_stream_ptr, grad_branch_ptr, partial_ptr, stride_gb, stride_gp, stride_gc,
                           num_pixels, pixels_per_item, channels, eps, tiles_per_program,
                           HAS_FACTORS: tl.constexpr, NORM: tl.constexpr, BLOCK_P: tl.constexpr,
@@ -99,8 +99,12 @@ def residual_grad_kernel(out_ptr, branch_ptr, gamma_ptr, factors_ptr, weight_ptr
     for i in range(tiles_per_program):
         pixels, chans, valid, offsets = _tile(program * tiles_per_program + i, num_pixels, channels, BLOCK_P, BLOCK_C)
         grad = tl.load(grad_ptr + offsets, mask=valid, other=0.0).to(tl.float32)
+        factor = _pixel_factors(factors_ptr, pixels, num_pixels, pixels_per_item, HAS_FACTORS)
+        branch = tl.load(branch_ptr + offsets, mask=valid, other=0.0).to(tl.float32)
         if NORM:
-            out = tl.load(out_ptr + offsets, mask=valid, other=0.0).to(tl.float32)
+            # the sum again, as the forward computed it, rather than a copy of it kept from the forward
+            x = tl.load(x_ptr + offsets, mask=valid, other=0.0).to(tl.float32)
+            out = x + (factor[:, None] * gamma[None, :]) * branch
             xhat, rstd = _normalised(out, valid, channels, eps)
             grad_normed_offsets = _map_offsets(pixels, chans, pixels_per_item, stride_gb, stride_gp, stride_gc)
             grad_normed = tl.load(grad_normed_ptr + grad_normed_offsets, mask=valid, other=0.0).to(tl.float32)
@@ -112,8 +116,6 @@ def residual_grad_kernel(out_ptr, branch_ptr, gamma_ptr, factors_ptr, weight_ptr
             tl.store(grad_stream_ptr + offsets, grad.to(grad_stream_ptr.dtype.element_ty), mask=valid)
             grad_weight += tl.sum(grad_normed * xhat, 0)
             grad_bias += tl.sum(grad_normed, 0)
-        factor = _pixel_factors(factors_ptr, pixels, num_pixels, pixels_per_item, HAS_FACTORS)
-        branch = tl.load(branch_ptr + offsets, mask=valid, other=0.0).to(tl.float32)
         tl.store(grad_branch_ptr + offsets,
                  (grad * (factor[:, None] * gamma[None, :])).to(grad_branch_ptr.dtype.element_ty), mask=valid)
         grad_gamma += tl.sum(grad * branch * factor[:, None], 0)

@@ -85,7 +85,9 @@ class _ScaledResidual(torch.autograd.Function):
                x, branch, gamma, x if factors is None else factors, gamma if weight is None else weight,
                gamma if bias is None else bias, out, normed, *_pixel_strides(normed)[1], *plan.sizes(eps),
                HAS_FACTORS=factors is not None, NORM=norm, **plan.options)
-        ctx.save_for_backward(out, branch, gamma, factors, weight)
+        # the norm's backward takes the sum again from x, which the block's first norm keeps for its own backward:
+        # keeping the sum would hold one more map of the stream
+        ctx.save_for_backward(x if norm else None, branch, gamma, factors, weight)
         ctx.eps, ctx.stream_dtype, ctx.torch_fallback = eps, x.dtype, torch_fallback
         return (out, normed) if norm else out
 
@@ -97,18 +99,21 @@ class _ScaledResidual(torch.autograd.Function):
         return (*grads[:3], None, *grads[3:], None, None, None, None)
 
 
-def _gradients(out: Tensor, branch: Tensor, gamma: Tensor, factors: Optional[Tensor], weight: Optional[Tensor],
-               grad: Tensor, grad_normed: Optional[Tensor], eps: float, stream_dtype: torch.dtype) -> tuple:
-    """The gradients of the stream, the branch, gamma and, with the norm, its weight and bias."""
+def _gradients(x: Optional[Tensor], branch: Tensor, gamma: Tensor, factors: Optional[Tensor],
+               weight: Optional[Tensor], grad: Tensor, grad_normed: Optional[Tensor], eps: float,
+               stream_dtype: torch.dtype) -> tuple:
+    """The gradients of the stream, the branch, gamma and, with the norm (and x, the stream before the branch), its
+    weight and bias."""
     norm = weight is not None
     grad = _dense_channels_last(grad)
     grad_normed, grad_normed_strides = _pixel_strides(grad_normed if norm else grad)
-    plan = ResidualPlan(out)
-    grad_stream = torch.empty_like(out, dtype=stream_dtype) if norm else grad.to(stream_dtype)
+    plan = ResidualPlan(branch)
+    grad_stream = torch.empty_like(branch, dtype=stream_dtype) if norm else grad.to(stream_dtype)
     grad_branch = torch.empty_like(branch)
-    partial = out.new_empty((plan.programs, 3 * plan.channels), dtype=torch.float32)
+    partial = branch.new_empty((plan.programs, 3 * plan.channels), dtype=torch.float32)
     launch(residual_grad_kernel, (plan.programs,),
-           out, branch, gamma, out if factors is None else factors, gamma if weight is None else weight, grad,
+           branch if x is None else x, branch, gamma, branch if factors is None else factors,
+           gamma if weight is None else weight, grad,
            grad_normed, grad_stream, grad_branch, partial, *grad_normed_strides, *plan.sizes(eps),
            plan.tiles_per_program, HAS_FACTORS=factors is not None, NORM=norm, **plan.options)
     sums = partial.sum(0)
@@ -117,20 +122,21 @@ def _gradients(out: Tensor, branch: Tensor, gamma: Tensor, factors: Optional[Ten
     return grad_stream, grad_branch, sums[:channels].view(gamma.shape), *grads_norm
 
 
-def _gradients_in_torch(out: Tensor, branch: Tensor, gamma: Tensor, factors: Optional[Tensor],
+def _gradients_in_torch(x: Optional[Tensor], branch: Tensor, gamma: Tensor, factors: Optional[Tensor],
                         weight: Optional[Tensor], grad: Tensor, grad_normed: Optional[Tensor], eps: float,
                         stream_dtype: torch.dtype) -> tuple:
     """:func:`_gradients` in torch operators, where the backward's kernel fails on a GPU."""
     grad = grad.float()
     grads_norm = (None, None)
+    factor = 1 if factors is None else factors.view(-1, 1, 1, 1)
     if weight is not None:
+        out = x.float() + (gamma.view(1, -1, 1, 1) * factor) * branch.float()
         with torch.enable_grad():
-            leaves = (out.detach().float().requires_grad_(), weight.detach().requires_grad_(),
+            leaves = (out.requires_grad_(), weight.detach().requires_grad_(),
                       torch.zeros_like(weight, requires_grad=True))  # the bias's value changes no gradient
             normed = F.layer_norm(leaves[0].permute(0, 2, 3, 1), weight.shape, leaves[1], leaves[2], eps)
             grad_out, *grads_norm = torch.autograd.grad(normed.permute(0, 3, 1, 2), leaves, grad_normed.float())
         grad = grad + grad_out
-    factor = 1 if factors is None else factors.view(-1, 1, 1, 1)
     grad_branch = (grad * (gamma.view(1, -1, 1, 1) * factor)).to(branch.dtype)
     grad_gamma = (grad * branch.float() * factor).sum((0, 2, 3))
     return grad.to(stream_dtype), grad_branch, grad_gamma, *grads_norm
