@@ -14,17 +14,18 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
-from .torch_compat import foreach_copy_, in_graph
+from .torch_compat import autocast_enabled, foreach_copy_, in_graph
 
 # the copies of the running forward (low_precision_weights), by parameter id: anything with get(id) -> copy or None
 _ACTIVE: contextvars.ContextVar = contextvars.ContextVar('mala_low_precision_weights', default=None)
 
 
 def low_precision(param: Optional[Tensor]) -> Optional[Tensor]:
-    """The low-precision copy of ``param`` made for the running forward, or ``param`` itself where there is none."""
+    """The low-precision copy of ``param`` made for the running forward, or ``param`` itself where there is none
+    or where autocast is off (a region of the forward that turns it off computes with the parameters)."""
     # a graph leaves the casts to autocast (and torch.compile reads no context variable)
     copies = None if in_graph() else _ACTIVE.get()
-    if copies is None or param is None:
+    if copies is None or param is None or not autocast_enabled(param.device.type):
         return param
     copy = copies.get(id(param))
     return param if copy is None else copy

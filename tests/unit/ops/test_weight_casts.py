@@ -91,3 +91,14 @@ def test_without_autocast_or_with_checkpointing_nothing_is_copied(small_arch, mo
     with _autocast():  # recomputation in the backward would not see the copies
         MALA(arch=small_arch, with_cp=True).train()(x.requires_grad_())
     assert copies == []
+
+
+def test_a_region_without_autocast_reads_the_parameters_and_makes_no_copy(monkeypatch):
+    copies = _count_copies(monkeypatch)
+    conv = torch.nn.Conv2d(3, 4, 1)
+    with _autocast(), weight_casts.low_precision_weights([[conv.weight, conv.bias]], torch.bfloat16):
+        with torch.autocast('cpu', enabled=False):
+            assert weight_casts.low_precision(conv.weight) is conv.weight
+        assert copies == []
+        assert weight_casts.low_precision(conv.weight).dtype == torch.bfloat16
+    assert copies == [2]
