@@ -1,4 +1,5 @@
-"""The kernels one step launches, counted on any machine: MALA-T against Swin-T, backbone and whole dense models.
+"""The kernels one step launches and the memory it holds, counted on any machine: MALA-T against Swin-T, backbone
+and whole dense models.
 
 A GPU step of these models is bound by launching kernels, not by arithmetic (results/h200/fused/launches.md): its
 time follows the number of kernels. That number is the same on every device, so it is counted here on the CPU.
@@ -17,16 +18,23 @@ fp32: on a GPU, Swin-T's attention has a cast more a block than counted here.
 Each row is also split by part of the model: a forward operator counts towards the innermost module that ran it,
 a backward operator towards the module whose forward made the autograd node it evaluates.
 
+Memory, the same on every device too: each storage an operator of the step allocates (a Triton launcher's outputs
+included) is held from its allocation to its release, and the step's peak is the most held at once, over what was
+held before it (parameters, inputs, caches); the bytes saved for the backward are those of the storages the step
+allocated that autograd saved (each once), not the parameters nor RoPE's cached tables, which outlive the step.
+Training steps are also counted for MALA-T on its torch path (CPU training, compiled and exported graphs).
+
     python benchmarks/kernel_count.py [--quick] [--only backbone|mask_rcnn|upernet ...]
 
-writes results/cpu/kernel_count.{md,json}. ``--quick`` counts at small inputs (the backbone's count does not
-depend on the input size; its bytes do).
+writes results/cpu/kernel_count.{md,json}; ``--quick`` counts at small inputs and writes kernel_count_quick (the
+backbone's kernels do not depend on the input size; its bytes and memory do).
 """
 import argparse
 import collections
 import contextlib
 import os
 import re
+import weakref
 from typing import Dict, List, Optional
 
 os.environ.setdefault('TRITON_INTERPRET', '1')  # before mala_mm imports Triton: its kernels then run on CPU tensors
@@ -56,6 +64,9 @@ BACKBONE_PARTS = [
     (r'\.blocks\.\d+$', 'residual branches'),
 ]
 AUTOCAST = {'fp32': None, 'bf16': torch.bfloat16}
+# MALA-T on its torch path (CPU training, compiled and exported graphs), counted for training steps
+TORCH_PATH = 'MALA-T torch'
+MIB = 2 ** 20
 SIZES = {'full': dict(backbone=[(800, 1280), (512, 2048)], mask_rcnn=(800, 1333), upernet=(512, 512)),
          'quick': dict(backbone=[(64, 96)], mask_rcnn=(128, 160), upernet=(64, 64))}
 DENSE = {
@@ -108,21 +119,62 @@ def _tensors(tree) -> List[torch.Tensor]:
     return found
 
 
+def _in_fp32(arg):
+    """A tensor in fp32, the tensors of a named tuple (RoPE's tables) too; anything else as it is."""
+    if isinstance(arg, torch.Tensor):
+        return arg.float() if arg.is_floating_point() else arg
+    if isinstance(arg, tuple) and hasattr(arg, '_fields'):
+        return type(arg)(*map(_in_fp32, arg))
+    return arg
+
+
 def _bytes(tensors) -> int:
     seen = {(t.data_ptr(), t.shape, t.dtype) for t in tensors}
     return sum(torch.Size(shape).numel() * dtype.itemsize for _, shape, dtype in seen)
 
 
 class KernelCounter(TorchDispatchMode):
-    """Counts launches (and bytes) by part while on; ``part_of`` names a module's part (None: its parent's)."""
+    """Counts launches (and bytes) by part while on; ``part_of`` names a module's part (None: its parent's). Also
+    the memory of the step: each storage that an operator allocates is live from its allocation to its release
+    (a finalizer on the storage), and :meth:`saving` records which of them autograd saves for the backward."""
 
     def __init__(self, model: nn.Module, part_of):
         super().__init__()
         self.model, self.part_of = model, part_of
         self.kernels: Dict[str, int] = collections.Counter()
         self.bytes = self.casts = 0
+        self.live_bytes = self.peak_bytes = 0
+        self.saved: Dict[int, int] = {}  # bytes of each storage saved for the backward, by address
+        self._allocated: Dict[int, int] = {}
         self._parts: List[str] = []
         self._paused = False
+
+    def _allocations(self, inputs: List[torch.Tensor], outputs: List[torch.Tensor]) -> None:
+        """Counts the storages of ``outputs`` that no input holds and none counted before as allocated now."""
+        held = {t.untyped_storage().data_ptr() for t in inputs}
+        for t in outputs:
+            storage = t.untyped_storage()
+            address, nbytes = storage.data_ptr(), storage.nbytes()
+            if nbytes and address not in held and address not in self._allocated:
+                self._allocated[address] = nbytes
+                self.live_bytes += nbytes
+                self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+                weakref.finalize(storage, self._released, address)
+
+    def _released(self, address: int) -> None:
+        self.live_bytes -= self._allocated.pop(address, 0)
+
+    @contextlib.contextmanager
+    def saving(self):
+        """Records each storage that autograd saves for the backward, once, where the step allocated it: not the
+        parameters, nor what lives across steps (RoPE's cached tables), which no step adds."""
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            address = t.untyped_storage().data_ptr()
+            if not self._paused and address in self._allocated:
+                self.saved[address] = self._allocated[address]
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            yield
 
     def record(self, part: Optional[str], nbytes: int, launches: int = 1, cast: bool = False) -> None:
         if self._paused:
@@ -140,6 +192,8 @@ class KernelCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         name = func._schema.name.split('::')[-1]
+        if not self._paused and not func.is_view:
+            self._allocations(_tensors(list(args) + list((kwargs or {}).values())), _tensors(out))
         # an operator with no tensor out launches nothing, unless it reads a value back from the device or, as the
         # in-place multi-tensor operators, writes into its arguments
         launches_kernel = bool(_tensors(out)) or name in READS_DEVICE or name.startswith('_foreach_')
@@ -219,8 +273,10 @@ def triton_launches_recorded(counter: KernelCounter):
     def with_values(operator, launcher):
         def run(*args, torch_fallback=None):
             outputs = launcher(*args, torch_fallback=torch_fallback)
-            with counter.paused(), torch.no_grad():
-                for out, value in zip(_tensors(outputs), _tensors(operator.torch(*args))):
+            # in fp32: under autocast the torch operators would make the weights' low-precision copies, which
+            # belong to the step's own operators
+            with counter.paused(), torch.no_grad(), torch.autocast('cpu', enabled=False):
+                for out, value in zip(_tensors(outputs), _tensors(operator.torch(*map(_in_fp32, args)))):
                     out.data.copy_(value)
             return outputs
         return run
@@ -237,17 +293,19 @@ def triton_launches_recorded(counter: KernelCounter):
 
 
 def count(model: nn.Module, step, dtype: Optional[torch.dtype], part_of) -> dict:
-    """Kernels, bytes, casts and the kernels by part of one ``step(autocast)`` after a warm-up one; the step runs
-    its forward inside ``autocast()``, as mmengine's optim wrapper does, its backward outside."""
+    """Kernels, bytes, casts and the kernels by part of one ``step(autocast)`` after a warm-up one, and its memory:
+    the bytes saved for the backward and the peak of the bytes its operators allocated and still held. The step
+    runs its forward inside ``autocast()``, as mmengine's optim wrapper does, its backward outside."""
     def autocast():  # one context a forward: autocast keeps its casts until it is left
         return torch.autocast('cpu', dtype=dtype) if dtype else contextlib.nullcontext()
     counter = KernelCounter(model, part_of)
     with triton_launches_recorded(counter):
         with counter.paused():
             step(autocast)
-        with counter.parts(), counter:
+        with counter.parts(), counter.saving(), counter:
             step(autocast)
     return dict(kernels=sum(counter.kernels.values()), bytes=counter.bytes, casts=counter.casts,
+                saved_bytes=sum(counter.saved.values()), peak_bytes=counter.peak_bytes,
                 parts=dict(counter.kernels.most_common()))
 
 
@@ -300,7 +358,8 @@ def dense_steps(model: nn.Module, batch: dict, scope: str):
 def backbone_rows(sizes) -> List[dict]:
     from backbone import swin_tiny
     from mala_mm import MALA
-    models = {'MALA-T': MALA(arch='tiny', impl='triton'), 'Swin-T': swin_tiny(drop_path_rate=0.2)}
+    models = {'MALA-T': MALA(arch='tiny', impl='triton'), TORCH_PATH: MALA(arch='tiny', impl='torch'),
+              'Swin-T': swin_tiny(drop_path_rate=0.2)}
     rows = []
     for name, model in models.items():
         model.init_weights()
@@ -308,6 +367,8 @@ def backbone_rows(sizes) -> List[dict]:
             torch.manual_seed(0)
             x = torch.randn(1, 3, height, width)
             for mode, step in backbone_steps(model, x).items():
+                if name == TORCH_PATH and mode != 'train':
+                    continue
                 for dtype_name, dtype in AUTOCAST.items():
                     rows.append(dict(model=name, step=f'backbone {width}x{height}', mode=mode, dtype=dtype_name,
                                      **count(model, step, dtype, backbone_part)))
@@ -319,12 +380,14 @@ def dense_rows(case: str, size) -> List[dict]:
     from dense_step import build, fake_batch
     ours, swin, dtypes = DENSE[case]
     rows = []
-    for name, config in (('MALA-T', ours), ('Swin-T', swin)):
+    for name, config, options in (('MALA-T', ours, dict(impl='triton')), (TORCH_PATH, ours, dict(impl='torch')),
+                                  ('Swin-T', swin, dict(init_cfg=None))):
         torch.manual_seed(0)
-        options = dict(impl='triton') if name == 'MALA-T' else dict(init_cfg=None)
         scope, model = build(config, backbone=options)
         batch = fake_batch(scope, size, torch.device('cpu'), images=2)
         for mode, step in dense_steps(model, batch, scope).items():
+            if name == TORCH_PATH and mode != 'train':
+                continue
             for dtype_name in dtypes:
                 torch.manual_seed(0)
                 rows.append(dict(model=name, step=f'{case} 2x{size[1]}x{size[0]}', mode=mode, dtype=dtype_name,
@@ -335,22 +398,46 @@ def dense_rows(case: str, size) -> List[dict]:
 
 def _summary(row: dict) -> str:
     return f"{row['model']} {row['step']} {row['mode']} {row['dtype']}: {row['kernels']} kernels, " \
-           f"{row['casts']} casts, {row['bytes'] / 1e9:.2f} GB; {row['parts']}"
+           f"{row['casts']} casts, {row['bytes'] / 1e9:.2f} GB, {row['saved_bytes'] / MIB:.0f} MiB saved, " \
+           f"{row['peak_bytes'] / MIB:.0f} MiB peak; {row['parts']}"
 
 
-def ratio_table(rows: List[dict]) -> str:
-    """One line per step, mode and dtype: MALA-T's and Swin-T's kernels and bytes and their ratios."""
+def _by_step(rows: List[dict]) -> Dict[tuple, Dict[str, dict]]:
     pairs = collections.defaultdict(dict)
     for row in rows:
         pairs[row['step'], row['mode'], row['dtype']][row['model']] = row
+    return pairs
+
+
+def ratio_table(rows: List[dict]) -> str:
+    """One line per step, mode and dtype: MALA-T's (on its CUDA path) and Swin-T's kernels and bytes and their
+    ratios."""
     lines = []
-    for (step, mode, dtype), models in pairs.items():
+    for (step, mode, dtype), models in _by_step(rows).items():
         ours, swin = models['MALA-T'], models['Swin-T']
         lines.append({'step': step, 'mode': mode, 'dtype': dtype, 'MALA-T kernels': ours['kernels'],
                       'Swin-T kernels': swin['kernels'], 'kernel ratio': ours['kernels'] / swin['kernels'],
                       'MALA-T casts': ours['casts'], 'Swin-T casts': swin['casts'],
                       'MALA-T GB': ours['bytes'] / 1e9, 'Swin-T GB': swin['bytes'] / 1e9,
                       'bytes ratio': ours['bytes'] / swin['bytes']})
+    return markdown_table(lines, list(lines[0]))
+
+
+def memory_table(rows: List[dict]) -> str:
+    """One line per training step and dtype: the MiB saved for the backward and the peak MiB held, of MALA-T on its
+    CUDA path and on its torch path, of Swin-T, and the ratios to Swin-T's."""
+    lines = []
+    for (step, mode, dtype), models in _by_step(rows).items():
+        if mode != 'train':
+            continue
+        line = {'step': step, 'dtype': dtype}
+        swin = models['Swin-T']
+        for measure, key in (('saved', 'saved_bytes'), ('peak', 'peak_bytes')):
+            for name in ('MALA-T', TORCH_PATH, 'Swin-T'):
+                line[f'{name} {measure} MiB'] = models[name][key] / MIB
+            for name in ('MALA-T', TORCH_PATH):
+                line[f'{name} {measure} ratio'] = models[name][key] / swin[key]
+        lines.append(line)
     return markdown_table(lines, list(lines[0]))
 
 
@@ -366,9 +453,10 @@ def main():
     for case in DENSE:
         if case in args.only:
             rows += dense_rows(case, sizes[case])
-    table = ratio_table(rows)
+    table = ratio_table(rows) + '\n\nMemory of a training step:\n\n' + memory_table(rows)
     print(table)
-    print(f"written to {write_results('kernel_count', torch.device('cpu'), rows, table, args.out)}")
+    name = 'kernel_count_quick' if args.quick else 'kernel_count'
+    print(f"written to {write_results(name, torch.device('cpu'), rows, table, args.out)}")
 
 
 if __name__ == '__main__':

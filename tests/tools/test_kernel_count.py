@@ -1,6 +1,7 @@
-"""benchmarks/kernel_count.py: what it counts, and MALA-T's kernels per step held at or below the committed counts
-(results/cpu/kernel_count.json), so that no change adds launches unnoticed. A backbone's count does not depend on
-the input's size, so the committed full-size counts bound the counts of a small input."""
+"""benchmarks/kernel_count.py: what it counts, and MALA-T's kernels and memory per step held at or below the
+committed counts, so that no change adds launches or memory unnoticed. A backbone's kernels do not depend on the
+input's size, so the committed full-size counts (results/cpu/kernel_count.json) bound those of a small input; its
+memory does, and is held to the committed counts at the small input (kernel_count_quick.json)."""
 import json
 import os
 
@@ -11,6 +12,7 @@ from tests.helpers import ROOT
 
 BENCHMARKS = os.path.join(ROOT, 'benchmarks')
 COMMITTED = os.path.join(BENCHMARKS, 'results', 'cpu', 'kernel_count.json')
+COMMITTED_QUICK = os.path.join(BENCHMARKS, 'results', 'cpu', 'kernel_count_quick.json')
 
 
 @pytest.fixture(scope='module')
@@ -53,13 +55,46 @@ def test_multi_tensor_operators_count_as_cudas_launches(kernel_count):
     assert copied['kernels'] == 1 and copied['bytes'] == 4 * 4 * 4
 
 
-def test_mala_t_launches_no_more_kernels_than_committed(kernel_count):
+def test_a_step_holds_what_it_allocates_and_saves_what_autograd_keeps(kernel_count):
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.GELU())
+    x = torch.randn(1, 3, 8, 8)  # made before the step: neither held nor saved by it
+
+    def step(autocast):
+        model.zero_grad(set_to_none=True)
+        with autocast():
+            y = model(x)
+        y.sum().backward()
+    counts = kernel_count.count(model, step, None, lambda name: None)
+    assert counts['saved_bytes'] == 4 * 256  # GELU's input; the conv's input and weight outlive the step
+    # at the peak, in GELU's backward: the conv's output (saved), GELU's output (the step's y), the loss, its
+    # gradient and GELU's input gradient; the parameters' gradients come after the conv's output is released
+    assert counts['peak_bytes'] == 4 * (256 + 256 + 1 + 1 + 256)
+
+
+def _mala_t_counts(kernel_count, impl: str, modes) -> dict:
     from mala_mm import MALA
-    committed = {(row['mode'], row['dtype']): row['kernels'] for row in json.load(open(COMMITTED))['rows']
-                 if row['model'] == 'MALA-T' and row['step'] == 'backbone 1280x800'}
-    assert set(committed) == {(mode, dtype) for mode in ('eval', 'train') for dtype in ('fp32', 'bf16')}
-    model = MALA(arch='tiny', impl='triton')
+    model = MALA(arch='tiny', impl=impl)
+    counts = {}
     for mode, step in kernel_count.backbone_steps(model, torch.randn(1, 3, 64, 96)).items():
         for dtype_name, dtype in kernel_count.AUTOCAST.items():
-            kernels = kernel_count.count(model, step, dtype, kernel_count.backbone_part)['kernels']
-            assert kernels <= committed[mode, dtype_name], (mode, dtype_name, kernels)
+            if mode in modes:
+                counts[mode, dtype_name] = kernel_count.count(model, step, dtype, kernel_count.backbone_part)
+    return counts
+
+
+def _committed(path: str, model: str, step: str) -> dict:
+    return {(row['mode'], row['dtype']): row for row in json.load(open(path))['rows']
+            if row['model'] == model and row['step'] == step}
+
+
+def test_mala_t_launches_no_more_kernels_and_holds_no_more_memory_than_committed(kernel_count):
+    kernels = _committed(COMMITTED, 'MALA-T', 'backbone 1280x800')
+    assert set(kernels) == {(mode, dtype) for mode in ('eval', 'train') for dtype in ('fp32', 'bf16')}
+    for name, impl, modes in (('MALA-T', 'triton', ('eval', 'train')), (kernel_count.TORCH_PATH, 'torch', ('train',))):
+        memory = _committed(COMMITTED_QUICK, name, 'backbone 96x64')
+        for (mode, dtype), counts in _mala_t_counts(kernel_count, impl, modes).items():
+            if name == 'MALA-T':
+                assert counts['kernels'] <= kernels[mode, dtype]['kernels'], (mode, dtype, counts['kernels'])
+            if mode == 'train':
+                for key in ('saved_bytes', 'peak_bytes'):
+                    assert counts[key] <= memory[mode, dtype][key], (name, dtype, key, counts[key])
