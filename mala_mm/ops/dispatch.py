@@ -30,7 +30,7 @@ IMPLS = ('auto', 'triton', 'torch')
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 # the GPUs (triton_launch.GPU) that the kernels do not serve, on which 'auto' has said so
-_GPUS_LOGGED = set()
+GPUS_LOGGED = set()
 
 
 class Operator:
@@ -129,8 +129,8 @@ def uses_triton(impl: str, x: Tensor, operator: Operator = None) -> bool:
 
 
 def _log_once(gpu, why_not: str) -> None:
-    if gpu not in _GPUS_LOGGED:
-        _GPUS_LOGGED.add(gpu)
+    if gpu not in GPUS_LOGGED:
+        GPUS_LOGGED.add(gpu)
         print_log(f"impl='auto': {why_not}; the blocks' operators run in torch operators", logger='current',
                   level=logging.WARNING)
 

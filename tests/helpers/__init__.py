@@ -1,7 +1,8 @@
 """What the tests share: the repository's paths and configs, a small arch, and running the tools as a user does.
 
-The modules beside this one: ``low_precision`` (the dtypes, tolerances and attention implementations of the
-mixed-precision tests), ``hostile_pickles`` (pickles that run code when loaded), ``fault_injection`` (hooks that
+The modules beside this one: ``low_precision`` (the dtypes and tolerances of the mixed-precision tests, and the
+operators' implementations as test parameters, checked against their fp64 reference), ``launches`` (the kernels
+that code launches), ``hostile_pickles`` (pickles that run code when loaded), ``fault_injection`` (hooks that
 child runs import to be killed or to dump their state) and ``slow_rank/sitecustomize.py`` (a rank that starts
 late).
 """
@@ -59,6 +60,13 @@ def feature_loss(features, seed: int = 1) -> torch.Tensor:
     fixes that mean square, and the gradient into the network would be rounding noise alone.)"""
     generator = torch.Generator().manual_seed(seed)
     return sum((f.float() * torch.randn(f.shape, generator=generator)).mean() for f in features)
+
+
+def relative_error(ours: torch.Tensor, reference: torch.Tensor) -> float:
+    """max |ours - reference| / max |reference|, in fp64; the absolute error where the reference is all zero."""
+    error = (ours.double() - reference.double()).abs().max().item()
+    scale = reference.double().abs().max().item()
+    return error / scale if scale else error
 
 
 def bf16_matmul_slowdown(size: int = 256, repeats: int = 5) -> float:

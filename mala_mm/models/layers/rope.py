@@ -1,7 +1,7 @@
 """Two-dimensional rotary position embedding (RoPE) as MALA uses it: the tables of a stage (:class:`RoPE2d`); the
 rotation itself is :mod:`mala_mm.ops.rope`."""
 from collections import OrderedDict
-from typing import Type
+from typing import List, Tuple, Type
 
 import torch
 from torch import nn
@@ -76,6 +76,10 @@ class RoPE2d(nn.Module):
         while self.cached_bytes() > self.CACHE_BYTES:
             self._tables.popitem(last=False)
         return tables
+
+    def cached_tables(self) -> List[Tuple[tuple, RotaryTables]]:
+        """The cached tables with their (height, width, device, dtype) keys, the least recently used first."""
+        return list(self._tables.items())
 
     def cached_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for pair in self._tables.values() for t in pair)

@@ -1,13 +1,11 @@
-"""ONNX export: the backbone with torch.onnx.export as users call it, and tools/export_onnx.py on segmentors and
-detectors, each graph run in ONNX Runtime at sizes the export never saw and compared with PyTorch."""
-import os
-
+"""ONNX export: the backbone with torch.onnx.export as users call it, and mala_mm.export's graphs of detectors and
+its check of their detections, run in ONNX Runtime and compared with PyTorch."""
 import numpy as np
 import onnxruntime
 import pytest
 import torch
 
-from tests.helpers import ROOT, call_tool, load_config
+from tests.helpers import ROOT, load_config
 from mala_mm import MALA
 from mala_tools.model import build_model
 from mala_mm.export import (ExportError, ImageToTensors, check_shape, compare_detections, compare_in_onnxruntime,
@@ -46,7 +44,7 @@ def test_backbone_exports_with_dynamic_sizes_and_matches_in_onnxruntime(tmp_path
             expected = model(image)
         assert_matches(expected, onnxruntime_outputs(path, image))
     # tracing computes the RoPE tables from the traced size and leaves the eager cache to eager tensors
-    assert all(type(t.cos) is torch.Tensor for stage in model.layers for t in stage.RoPE._tables.values())
+    assert all(type(t.cos) is torch.Tensor for stage in model.layers for _, t in stage.RoPE.cached_tables())
 
 
 @pytest.mark.parametrize('arch', ['tiny', 'small', pytest.param('base', marks=pytest.mark.slow),
@@ -60,75 +58,10 @@ def test_plain_torch_onnx_export_of_every_variant(tmp_path, arch):
         assert_matches(model(image), onnxruntime_outputs(path, image))
 
 
-def export_tool(config, out, *options):
-    result = call_tool(['export_onnx.py', os.path.join(ROOT, config), '--out', str(out), *options], ROOT)
-    return result, result.stdout + result.stderr
-
-
-@pytest.mark.parametrize('config,shape', [
-    ('configs/segmentation/upernet_mala_t_builtin.py', ('128', '128')),
-    ('configs/segmentation/fpn_mala_t.py', ('96', '128')),
-    ('configs/detection/retinanet_mala_t_builtin.py', ('128', '160')),
-    ('configs/detection/mask_rcnn_mala_t_builtin.py', ('128', '160')),
-])
-def test_export_tool_matches_in_onnxruntime_at_an_unseen_size(tmp_path, config, shape):
-    result, log = export_tool(config, tmp_path / 'model.onnx', '--shape', *shape, '--dynamic',
-                              '--exporter', 'torchscript', '--cfg-options', 'model.backbone.init_cfg=None')
-    assert result.returncode == 0, log
-    unseen = f'input {int(shape[0]) + 37}x{int(shape[1]) - 21}'
-    assert unseen in log and 'ONNX Runtime matches PyTorch' in log
-    errors = [float(line.split('max rel ')[1]) for line in log.splitlines() if 'max rel' in line]
-    assert errors and max(errors) <= RELATIVE_TOLERANCE
-
-
-@pytest.mark.slow
-def test_export_tool_with_the_dynamo_exporter(tmp_path):
-    # the built-in UperNet with a narrow MALA: what the exporter traces is the same kind of graph, in fewer blocks
-    result, log = export_tool('tests/data/upernet_mala_narrow_64px_builtin.py', tmp_path / 'model.onnx',
-                              '--shape', '96', '96', '--dynamic')
-    assert result.returncode == 0, log
-    assert 'input 133x75' in log and 'ONNX Runtime matches PyTorch' in log
-
-
-def test_backbone_only_export_returns_the_feature_maps(tmp_path):
-    result, log = export_tool('configs/detection/mask_rcnn_mala_t_builtin.py', tmp_path / 'backbone.onnx',
-                              '--backbone-only', '--shape', '64', '96', '--exporter', 'torchscript')
-    assert result.returncode == 0, log
-    assert [line.split()[2] for line in log.splitlines() if 'max rel' in line] == [f'stage{i}' for i in range(4)]
-
-
-def test_a_config_without_mala_exports_too(tmp_path):
-    config = tmp_path / 'retinanet_r18_builtin.py'
-    config.write_text(
-        f"_base_ = ['{ROOT}/configs/detection/retinanet_mala_t_builtin.py']\n"
-        "model = dict(backbone=dict(_delete_=True, type='ResNet', depth=18, out_indices=(0, 1, 2, 3)),\n"
-        "             neck=dict(in_channels=[64, 128, 256, 512]))\n")
-    result = call_tool(['export_onnx.py', str(config), '--out', str(tmp_path / 'r18.onnx'), '--shape', '96', '96',
-                       '--exporter', 'torchscript'], ROOT)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert 'ONNX Runtime matches PyTorch' in result.stdout
-
-
-@pytest.mark.parametrize('shape', [['0', '128'], ['128'], ['16', '64']])
-def test_a_wrong_shape_is_a_clear_error(tmp_path, shape):
-    result, log = export_tool('configs/segmentation/upernet_mala_t_builtin.py', tmp_path / 'model.onnx',
-                              '--shape', *shape, '--exporter', 'torchscript')
-    assert result.returncode == 2
-    assert 'error: --shape needs two integers H W, each at least 32' in result.stderr
-    assert 'Traceback' not in log and not (tmp_path / 'model.onnx').exists()
-
-
 def test_the_library_names_its_parameters_where_the_tool_names_its_flags():
     with pytest.raises(ExportError) as raised:
         check_shape([16, 64])
     assert str(raised.value) == '`shape` needs two integers H W, each at least 32; got [16, 64]'
-
-
-def test_a_difference_beyond_the_tolerance_fails_the_tool(tmp_path):
-    result, log = export_tool('configs/segmentation/upernet_mala_t_builtin.py', tmp_path / 'model.onnx',
-                              '--shape', '64', '64', '--exporter', 'torchscript', '--tolerance', '0')
-    assert result.returncode == 2
-    assert 'error: ONNX Runtime differs from PyTorch by' in result.stderr and 'more than --tolerance 0' in log
 
 
 def test_exported_retinanet_outputs_give_the_models_detections(tmp_path):
@@ -232,33 +165,3 @@ def test_untrained_retinanet_capped_at_the_top_k_matches_within_the_bounds(tmp_p
         rows = compare_in_onnxruntime(reference, path, image)
         assert rows[0]['shape'][0] + rows[-1]['shape'][0] >= 50  # the cap, not the threshold, set the count
         assert all(row['within'] for row in rows), rows
-
-
-def test_a_detector_that_finds_nothing_exports_and_finds_nothing_in_onnxruntime(tmp_path):
-    """No detection at all (every score below the threshold): the graph still runs, and gives empty outputs of
-    the right shapes, as mmdet does."""
-    result, log = export_tool('configs/detection/mask_rcnn_mala_t_builtin.py', tmp_path / 'model.onnx', '--shape',
-                              '64', '96', '--dynamic', '--nms', '--exporter', 'torchscript', '--cfg-options',
-                              'model.test_cfg.rcnn.score_thr=1.0')
-    assert result.returncode == 0, log
-    assert 'input 101x75  masks   (0, 101, 75)' in log
-    assert 'match mmdet\'s predict within the bounds; neither found anything: --image checks on a picture' in log
-
-
-@pytest.mark.parametrize('config,options,message', [
-    ('configs/segmentation/upernet_mala_t_builtin.py', ['--exporter', 'torchscript'],
-     '--nms applies to detectors, not to a segmentor'),
-    ('configs/detection/retinanet_mala_t_builtin.py', ['--exporter', 'dynamo'],
-     '--nms exports the detections of one image with the TorchScript exporter: pass --exporter torchscript'),
-    ('configs/detection/mask_rcnn_mala_t_builtin.py', ['--exporter', 'torchscript', '--opset', '15'],
-     "a two-stage detector's detections need ONNX's RoiAlign of opset 16 or later (mmcv's aligned sampling); "
-     'got --opset 15'),
-    ('configs/detection/mask_rcnn_mala_t_builtin.py',
-     ['--exporter', 'torchscript', '--cfg-options', 'model.test_cfg.rcnn.nms.type=soft_nms'],
-     "StandardRoIHead test_cfg.nms is {'type': 'soft_nms', 'iou_threshold': 0.5}; the export has plain per-class "
-     'nms only'),
-])
-def test_nms_where_it_cannot_apply_is_a_clear_error(tmp_path, config, options, message):
-    result, log = export_tool(config, tmp_path / 'model.onnx', '--nms', '--shape', '64', '64', *options)
-    assert result.returncode == 2 and f'error: {message}' in result.stderr
-    assert 'Traceback' not in log and not (tmp_path / 'model.onnx').exists()

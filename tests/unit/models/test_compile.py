@@ -4,13 +4,10 @@ import copy
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
-from tests.helpers.low_precision import DTYPES
 from mala_mm import MALA
 from mala_mm.models import MALAConfigError
-from mala_mm.models.layers.conv import Conv2d
 
 # the released layout of heads (1, 2, 4, 4 of width 16) at a width that compiles and runs in seconds; its last two
 # stages have blocks alike (softmax attention, 64 channels, 4 heads), so it has three kinds of block
@@ -155,41 +152,6 @@ def test_compiled_backbone_under_bf16_autocast_is_as_close_to_fp32_as_eager():
         print(f'relative error against fp32: compiled {error:.3g}, eager {eager_error:.3g}')
         assert eager_error > 1e-3  # the check would mean nothing if autocast did not reach the model
         assert error < AUTOCAST_ERROR_RATIO * eager_error
-
-
-@pytest.mark.parametrize('dtype', DTYPES)
-def test_compiled_convolution_follows_autocast(dtype):
-    """Conv2d inside a compiled graph runs in autocast's dtype, as ``nn.Conv2d`` does in eager, gradients included."""
-    torch.manual_seed(0)
-    conv = Conv2d(8, 16, 3, stride=2, padding=1)
-    x = torch.randn(2, 8, 12, 20, requires_grad=True)
-
-    def step(forward):
-        out = forward(x)
-        return out, torch.autograd.grad(out.float().square().sum(), [x, conv.weight, conv.bias])
-
-    with torch.autocast('cpu', dtype=dtype):
-        compiled_out, compiled_grads = step(torch.compile(conv, backend='aot_eager', fullgraph=True))
-        eager_out, eager_grads = step(conv)
-    assert compiled_out.dtype == eager_out.dtype == dtype
-    torch.testing.assert_close(compiled_out, eager_out)
-    for ours, expected in zip(compiled_grads, eager_grads):
-        assert ours.dtype == expected.dtype == torch.float32
-        torch.testing.assert_close(ours, expected)
-
-
-def test_compiled_convolution_keeps_one_graph_across_sizes():
-    """The operator's compile-time result comes from the shapes alone: ``F.conv2d`` on fake tensors picks its kernel
-    by the input's size, which guarded the size (on this CPU ``3 H W > 20480`` for a 3-channel input) and compiled
-    one graph more."""
-    torch.manual_seed(0)
-    conv = Conv2d(3, 8, 3, stride=2, padding=1)
-    compiled = torch.compile(conv, backend='aot_eager', dynamic=True, fullgraph=True)
-    counters.clear()
-    for height, width in ((64, 96), (128, 192)):  # 3 H W: 18432, then 73728
-        x = torch.randn(1, 3, height, width)
-        torch.testing.assert_close(compiled(x), F.conv2d(x, conv.weight, conv.bias, 2, 1))
-    assert counters['stats']['unique_graphs'] == 1
 
 
 def test_compile_argument_is_checked():

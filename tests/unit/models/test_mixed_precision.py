@@ -1,5 +1,5 @@
 """MALA under bf16 and fp16 autocast: the attention against its explicit N x N form in fp64
-(``mala_tools.reference``), the backbone against fp32.
+(:mod:`mala_mm.ops.mala_attention.naive`), the backbone against fp32.
 
 An error is the largest absolute deviation over the largest absolute value of the reference, and a tolerance is
 a multiple of the format's machine epsilon (bf16 2^-7, fp16 2^-10). The error is normalised by the tensor's
@@ -16,14 +16,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.helpers import SMALL_ARCH, feature_loss
+from tests.helpers import SMALL_ARCH, feature_loss, relative_error
 from tests.helpers.low_precision import (ATTENTION_IMPLS, DTYPES, IMPL_MARKS, LOW_PRECISIONS, MARKS, NAMES,
-                                         TRITON_DEVICE, attention_impl, cpu_autocast_takes)
+                                         TRITON_DEVICE, attention_impl)
 from mala_mm import MALA
 from mala_tools import reference
-from mala_tools.reference import relative_error
 from mala_mm.models.layers import MALAttention, RoPE2d
-from mala_mm.ops.mala_attention import mala_attention
+from mala_mm.ops.mala_attention import mala_attention, naive
 
 
 # torch 2.1.2's CPU scaled_dot_product_attention aborts the process in its bfloat16 backward ("double free or
@@ -58,8 +57,8 @@ def constant_tokens(x):
 
 def exact_mala_attention(q, k, v, height, width):
     """The explicit N x N formula in fp64 on the values of q, k, v as given (rounded to low precision or not)."""
-    angles = reference.rope_angles(reference.rope_frequencies(q.shape[-1], torch.float64), height, width)
-    return reference.mala_attention(q.double(), k.double(), v.double(), angles)
+    tables = RoPE2d(q.shape[-1]).tables(height, width, torch.float64)
+    return naive.mala_attention(q.double(), k.double(), v.double(), tables)
 
 
 # Each builds q, k, v in fp32, the map size and the tolerance in machine epsilons.
@@ -166,7 +165,7 @@ def test_mala_attention_module_under_autocast_matches_fp64(impl, dtype, case):
     channels, heads = 32, 2
     attn = MALAttention(channels, heads, impl=impl)
     x = MODULE_INPUTS[case](torch.randn(2, channels, 9, 11))
-    frequencies = reference.rope_frequencies(channels // heads, torch.float64)
+    frequencies = RoPE2d(channels // heads).angle.double()
     device = TRITON_DEVICE if impl == 'triton' else torch.device('cpu')
     with torch.no_grad():
         # the reference's skeleton and explicit formula on the module's weights, in fp64
@@ -250,23 +249,6 @@ def test_only_normalisation_statistics_are_averaged_across_processes():
     assert names and all(name.endswith(('running_mean', 'running_var')) for name in names)
     assert not any(name.endswith('RoPE.angle') for name in names)
     assert len(names) == 2 * sum(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
-
-
-@pytest.mark.parametrize('residual', ['fused', 'unfused'])
-def test_residual_depthwise_conv_keeps_the_residual_stream_in_fp32_under_autocast(residual):
-    from mala_mm.models.layers.blocks import ResidualDWConv
-    conv = ResidualDWConv(8, 3)
-    x = 1 + 1e-3 * torch.randn(1, 8, 6, 6)  # fp16 would round 1 + 1e-3 t to steps of 2^-10
-    if residual == 'fused':
-        assert torch.allclose(conv(x), x + F.conv2d(x, conv.weight, conv.bias, padding=1, groups=8), atol=1e-6)
-        return
-    if not cpu_autocast_takes(torch.float16):
-        pytest.skip("this torch's CPU autocast has no float16")
-    with torch.no_grad(), torch.autocast('cpu', dtype=torch.float16):
-        y = conv(x)
-        delta = F.conv2d(x, conv.weight, conv.bias, padding=1, groups=8)  # in fp16, as autocast runs it
-    assert y.dtype == torch.float32
-    assert torch.equal(y, x + delta)
 
 
 # Stage 0 of a 1333 x 800 COCO image: 200 x 334 tokens, MALA-T's 64 channels in one head.

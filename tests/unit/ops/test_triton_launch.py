@@ -79,7 +79,7 @@ def test_auto_takes_torch_on_a_gpu_triton_does_not_serve_and_says_so_once(gpus, 
     installed.update({0: T4, 1: A100})
     logged = []
     monkeypatch.setattr(dispatch, 'print_log', lambda message, **_: logged.append(message))
-    monkeypatch.setattr(dispatch, '_GPUS_LOGGED', set())
+    monkeypatch.setattr(dispatch, 'GPUS_LOGGED', set())
     assert not dispatch.uses_triton('auto', CudaLike(0))
     assert not dispatch.uses_triton('auto', CudaLike(0))
     assert len(logged) == 1 and 'Tesla T4' in logged[0] and '8.0' in logged[0]

@@ -1,9 +1,5 @@
-"""MALA attention's Triton kernels against the fp64 formula, and how the backbone chooses between implementations.
-
-The kernels run on the GPU where there is one, else on the CPU in Triton's interpreter (tests/conftest.py). Sizes
-cover a padded head width (d = 12, 96), a token count that is not a multiple of the tile, a single token, several
-batch items and heads, and a chunked reduction (more tiles than one program takes).
-"""
+"""How the modules and the backbone choose between the operators' implementations, and that they agree: the fused
+projection, the attention modules and the backbone's gradients in Triton kernels against torch operators."""
 from typing import List
 
 import pytest
@@ -12,70 +8,13 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from tests.helpers import feature_loss
-from tests.helpers.low_precision import ATTENTION_IMPLS, IMPL_MARKS, TRITON_DEVICE, attention_impl
+from tests.helpers.low_precision import ATTENTION_IMPLS, IMPL_MARKS, TRITON_DEVICE
 from mala_mm import MALA
 from mala_mm.models import MALAConfigError
 from mala_mm.models.layers import MALAttention, QKVOProjection, RoPE2d, SoftmaxAttention
-from mala_mm.ops.mala_attention import mala_attention
 from mala_mm.ops.dispatch import uses_triton
-from mala_mm.ops.rope import apply_rope, rotate_pair
-from mala_tools.reference import relative_error
 
 pytestmark = IMPL_MARKS['triton']
-
-# (batch, heads, height, width, head width)
-SHAPES = [(2, 3, 5, 7, 8), (1, 2, 9, 11, 96), (2, 1, 12, 20, 64), (1, 1, 1, 1, 4), (1, 2, 40, 50, 12)]
-
-
-def shape_id(shape):
-    return 'x'.join(map(str, shape))
-
-
-@pytest.mark.parametrize('with_rope', [False, True], ids=['no RoPE', 'RoPE'])
-@pytest.mark.parametrize('shape', SHAPES, ids=shape_id)
-def test_fp32_outputs_and_gradients_match_fp64(shape, with_rope):
-    batch, heads, height, width, head_dims = shape
-    torch.manual_seed(0)
-    inputs = [torch.randn(batch, heads, height * width, head_dims, dtype=torch.float64) for _ in range(3)]
-    exact_inputs = [t.clone().requires_grad_() for t in inputs]
-    fused_inputs = [t.float().requires_grad_() for t in inputs]
-    tables = RoPE2d(head_dims).double().tables(height, width, torch.float64) if with_rope else None
-    exact = mala_attention(*exact_inputs, tables)
-    grad = torch.randn_like(exact)
-    exact.backward(grad)
-    fused = attention_impl('triton')(*fused_inputs, tables and type(tables)(*(t.float() for t in tables)))
-    fused.backward(grad.float())
-    assert fused.dtype == torch.float32
-    assert relative_error(fused, exact) < 1e-5
-    # each gradient relative to the largest of the three: a single token's dq and dk are ~1e-7 of its dv, since its
-    # output z / (z + eps) v hardly depends on q and k, and are rounding errors of that size in fp32
-    scale = max(t.grad.abs().max().item() for t in exact_inputs)
-    for name, ours, exact_input in zip('qkv', fused_inputs, exact_inputs):
-        assert (ours.grad.double() - exact_input.grad).abs().max().item() < 1e-5 * scale, name
-
-
-@pytest.mark.parametrize('arch', [80, 86, 89, 90], ids=lambda arch: f'sm_{arch}')
-def test_each_gpus_plan_matches_fp64(arch, monkeypatch):
-    """The tiles each GPU's plan takes (the interpreter's own are larger), heads of 64 and of 96 channels (three
-    blocks of 32), with RoPE: 7 x 9 tokens cross tiles of 16 and 32, and the tiles cross a chunk's end."""
-    from mala_mm.ops.mala_attention import triton_ops as mala_triton
-    from mala_mm.ops.triton_launch import GPU
-    monkeypatch.setattr(mala_triton, 'gpu_of', lambda t: GPU.of_arch(arch))
-    monkeypatch.setattr(mala_triton, 'TARGET_PROGRAMS', 4)  # a head's tokens in two chunks
-    for head_dims in (64, 96):
-        inputs = [torch.randn(1, 2, 63, head_dims, dtype=torch.float64) for _ in range(3)]
-        exact_inputs = [t.clone().requires_grad_() for t in inputs]
-        fused_inputs = [t.float().to(TRITON_DEVICE).requires_grad_() for t in inputs]
-        tables = RoPE2d(head_dims).double().tables(7, 9, torch.float64)
-        exact = mala_attention(*exact_inputs, tables)
-        grad = torch.randn_like(exact)
-        exact.backward(grad)
-        fused = mala_attention(*fused_inputs, type(tables)(*(t.float().to(TRITON_DEVICE) for t in tables)),
-                               impl='triton')
-        fused.backward(grad.float().to(TRITON_DEVICE))
-        assert relative_error(fused.cpu(), exact) < 1e-5
-        for ours, expected in zip(fused_inputs, exact_inputs):
-            assert relative_error(ours.grad.cpu(), expected.grad) < 1e-5
 
 
 def test_fused_projection_gives_views_of_one_channels_last_map():
@@ -106,12 +45,6 @@ def test_fused_module_matches_unfused(kind):
     torch.testing.assert_close(*outputs, rtol=1e-5, atol=1e-5)
     for ours, expected in zip(*grads):  # x's, then every parameter's
         torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
-
-
-def test_fused_mala_output_is_laid_out_as_a_channels_last_map():
-    q, k, v = (torch.randn(2, 3, 20, 8, device=TRITON_DEVICE) for _ in range(3))
-    y = mala_attention(q, k, v, impl='triton')
-    assert y.transpose(1, 2).is_contiguous()  # (B, N, h, d) in memory: the skeleton views it as (B, C, H, W)
 
 
 def biases_ahead_of_batch_norm(model: nn.Module) -> List[str]:
@@ -179,24 +112,3 @@ def test_bad_impl_is_refused_at_construction():
         MALA(impl='cuda')
     with pytest.raises(TypeError, match='fp32, bf16 or fp16'):
         uses_triton('triton', torch.zeros(1, 1, 2, 4, dtype=torch.float64, device=TRITON_DEVICE))
-
-
-@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16, torch.float16])
-def test_rotate_pair_is_apply_rope_on_q_and_k_with_its_gradient(dtype):
-    torch.manual_seed(0)
-    # strided views, as the fused skeleton hands them over: the heads of one conv's channel slices
-    qk = torch.randn(2, 2 * 24, 5, 7, device=TRITON_DEVICE, dtype=dtype).contiguous(memory_format=torch.channels_last)
-    q, k = (t.permute(0, 2, 3, 1).reshape(2, 35, 2, 12).transpose(1, 2) for t in qk.chunk(2, dim=1))
-    q, k = q.detach().requires_grad_(), k.detach().requires_grad_()
-    tables = RoPE2d(12).to(TRITON_DEVICE).tables(5, 7, dtype)
-    ours = rotate_pair(q, k, tables, impl='triton')
-    grads = [torch.randn_like(t) for t in ours]
-    torch.autograd.backward(ours, grads)
-    ours_grads = [q.grad, k.grad]
-    q.grad = k.grad = None
-    expected = [apply_rope(t, tables) for t in (q, k)]
-    torch.autograd.backward(expected, grads)
-    tolerance = dict(rtol=torch.finfo(dtype).eps, atol=torch.finfo(dtype).eps)  # one rounding to dtype apart
-    for a, b in zip([*ours, *ours_grads], [*expected, q.grad, k.grad]):
-        assert a.dtype == dtype
-        torch.testing.assert_close(a, b, **tolerance)
