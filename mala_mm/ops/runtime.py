@@ -5,6 +5,7 @@
 - With ``compile``, every block runs through one ``torch.compile``'d function (:func:`call_block`).
 - In eager training, stochastic depth's per-sample factors of all the branches are drawn in two launches
   (:func:`~.residual.drop_path_factors`), not two a branch.
+- The conv weights are stored channels-last, as their gradients come (:meth:`BlockRuntime.store_channels_last`).
 
 Graphs (traced, compiled or exported: :func:`~.torch_compat.in_graph`) get none of this: they record the plain
 operators, which their compilers fuse.
