@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..rope import RotaryTables, apply_rope
+from ..rope import RotaryTables
+from ..rope.torch_ops import apply_rope, rotate_back
 from ..torch_compat import autocast_dtype, autocast_enabled, in_graph
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -95,18 +96,13 @@ class MALAttentionFunction(torch.autograd.Function):
             d_kv = rotated_q.transpose(-2, -1) @ (scale * grad)
             d_rotated_q, d_rotated_k = a.mul_(scale), v @ d_kv.transpose(-2, -1)
             if cos is not None:
-                d_rotated_q, d_rotated_k = _rotated_back(d_rotated_q, tables), _rotated_back(d_rotated_k, tables)
+                d_rotated_q, d_rotated_k = rotate_back(d_rotated_q, tables), rotate_back(d_rotated_k, tables)
             d_phi_q = d_rotated_q.addcmul_(minus_d_z, k_mean, value=-s)
             d_phi_k = d_rotated_k.add_(minus_d_z.transpose(-2, -1) @ phi_q, alpha=-c)
             dv = (rotated_k @ d_kv).sub_(z.transpose(-2, -1) @ grad, alpha=1 / num_tokens)
             dq = torch.ops.aten.elu_backward(d_phi_q, 1.0, 1, 1, True, elu_q)
             dk = torch.ops.aten.elu_backward(d_phi_k, 1.0, 1, 1, True, elu_k)
         return dq.to(q_in.dtype), dk.to(k_in.dtype), dv.to(v_in.dtype), None, None, None, None
-
-
-def _rotated_back(x: Tensor, tables: RotaryTables) -> Tensor:
-    """R^T(x), the rotation by the opposite angles: ``x cos - swap(x) sin``."""
-    return torch.addcmul(x * tables.cos, x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2), tables.sin, value=-1)
 
 
 def matmul_dtype_of(x: Tensor) -> torch.dtype:
