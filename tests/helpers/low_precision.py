@@ -31,7 +31,6 @@ TRITON_DEVICE = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
 IMPL_MARKS = {'triton': pytest.mark.skipif(not TRITON_AVAILABLE,
                                            reason='Triton is not installed (the tests extra installs it)')}
 IMPLS = [pytest.param(name, marks=IMPL_MARKS.get(name, ())) for name in ('torch', 'triton')]
-ATTENTION_IMPLS = IMPLS  # as the backbone's tests name them
 
 
 def attention_impl(name: str):

@@ -11,7 +11,7 @@ import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from tests.helpers import DATA_DIR, feature_loss
-from tests.helpers.low_precision import ATTENTION_IMPLS, TRITON_DEVICE
+from tests.helpers.low_precision import IMPLS, TRITON_DEVICE
 from mala_mm import MALA
 from mala_mm.checkpoint import load_backbone_weights
 from mala_mm.models import MALAConfigError
@@ -19,7 +19,7 @@ from mala_mm.models import MALAConfigError
 VARIANT_PARAMS = {'tiny': 13_347_328, 'small': 24_040_896, 'base': 46_691_296, 'large': 93_561_760}
 
 
-@pytest.mark.parametrize('impl', ATTENTION_IMPLS)
+@pytest.mark.parametrize('impl', IMPLS)
 def test_matches_release_outputs(impl):
     io = torch.load(os.path.join(DATA_DIR, 'official_det_io.pth'), weights_only=True)
     model = MALA(arch=io['arch'], impl=impl)

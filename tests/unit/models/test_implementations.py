@@ -8,7 +8,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from tests.helpers import feature_loss
-from tests.helpers.low_precision import ATTENTION_IMPLS, IMPL_MARKS, TRITON_DEVICE
+from tests.helpers.low_precision import IMPL_MARKS, IMPLS, TRITON_DEVICE
 from mala_mm import MALA
 from mala_mm.models import MALAConfigError
 from mala_mm.models.layers import MALAttention, QKVOProjection, RoPE2d, SoftmaxAttention
@@ -59,7 +59,7 @@ def biases_ahead_of_batch_norm(model: nn.Module) -> List[str]:
     return names
 
 
-@pytest.mark.parametrize('impl', ATTENTION_IMPLS)
+@pytest.mark.parametrize('impl', IMPLS)
 def test_backbone_gradients_agree_between_implementations(impl, small_arch):
     """Every parameter's gradient, under a loss that reaches all of them: a fixed random projection of each output
     (not a function of the outputs' mean squares, which the output LayerNorms fix), with every norm, bias and layer

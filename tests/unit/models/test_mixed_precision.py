@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from tests.helpers import SMALL_ARCH, feature_loss, relative_error
-from tests.helpers.low_precision import (ATTENTION_IMPLS, DTYPES, IMPL_MARKS, LOW_PRECISIONS, MARKS, NAMES,
-                                         TRITON_DEVICE, attention_impl)
+from tests.helpers.low_precision import (DTYPES, IMPL_MARKS, IMPLS, LOW_PRECISIONS, MARKS, NAMES, TRITON_DEVICE,
+                                         attention_impl)
 from mala_mm import MALA
 from mala_tools import reference
 from mala_mm.models.layers import MALAttention, RoPE2d
@@ -106,7 +106,7 @@ def test_mala_attention_in_low_precision_matches_exact_formula(impl, dtype, case
     assert relative_error(low, exact) < tolerance(dtype, epsilons)
 
 
-@pytest.mark.parametrize('impl', ATTENTION_IMPLS)
+@pytest.mark.parametrize('impl', IMPLS)
 @pytest.mark.parametrize('dtype', DTYPES)
 def test_mala_attention_of_all_zero_inputs_is_exactly_zero(dtype, impl):
     zeros = torch.zeros(B, HEADS, N, D, dtype=dtype)
@@ -129,7 +129,7 @@ def test_fp16_autocast_keeps_outputs_beyond_fp16_range_accurate_in_fp32():
 
 @pytest.mark.parametrize('case', ['random', 'q, k, v x 1e-4', 'q near -12', 'q in [-30, 0]'])
 @pytest.mark.parametrize('dtype', DTYPES)
-@pytest.mark.parametrize('impl', ATTENTION_IMPLS)
+@pytest.mark.parametrize('impl', IMPLS)
 def test_mala_attention_gradients_in_low_precision_match_exact_formula(impl, dtype, case):
     # d beta / d z = -1 / z^2 is ~1e10 for queries near -12: the gradient must pass through it in fp32
     q, k, v, (height, width), epsilons = ATTENTION_CASES[case]()
@@ -160,7 +160,7 @@ MODULE_INPUTS = {
                                                      marks=MARKS.get(dtype, ()))
                                         for dtype in LOW_PRECISIONS for case in MODULE_INPUTS
                                         if not (dtype is torch.float16 and case == 'x 1e4')])
-@pytest.mark.parametrize('impl', ATTENTION_IMPLS)
+@pytest.mark.parametrize('impl', IMPLS)
 def test_mala_attention_module_under_autocast_matches_fp64(impl, dtype, case):
     channels, heads = 32, 2
     attn = MALAttention(channels, heads, impl=impl)
