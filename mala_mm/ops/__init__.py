@@ -17,9 +17,9 @@ from .depthwise import GATED_DEPTHWISE_CONV, RESIDUAL_DEPTHWISE_CONV
 from .dispatch import IMPLS, TRITON_AVAILABLE, Operator
 from .mala_attention import MALA_ATTENTION
 from .residual import SCALED_RESIDUAL, SCALED_RESIDUAL_NORM
-from .rope import ROTATE_PAIR
+from .rope import ROTATE_QK
 
-OPERATORS = {operator.name: operator for operator in (MALA_ATTENTION, ROTATE_PAIR, RESIDUAL_DEPTHWISE_CONV,
+OPERATORS = {operator.name: operator for operator in (MALA_ATTENTION, ROTATE_QK, RESIDUAL_DEPTHWISE_CONV,
                                                       GATED_DEPTHWISE_CONV, SCALED_RESIDUAL, SCALED_RESIDUAL_NORM)}
 
 __all__ = ['IMPLS', 'OPERATORS', 'TRITON_AVAILABLE', 'Operator']

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from ...ops.depthwise import gated_depthwise_conv
 from ...ops.dispatch import uses_triton
 from ...ops.mala_attention import mala_attention
-from ...ops.rope import RotaryTables
+from ...ops.rope import RotaryTables, rotate_qk, split_heads
 from ...ops.softmax_attention import softmax_attention
 from ...ops.weight_casts import low_precision
 from .conv import Conv2d
@@ -35,9 +35,13 @@ class QKVOProjection(Conv2d):
 
     def forward(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
         if uses_triton(self.impl, x):
-            return tuple(super().forward(x).chunk(4, dim=1))
+            return tuple(self.one_map(x).chunk(4, dim=1))
         weights, biases = low_precision(self.weight).chunk(4), low_precision(self.bias).chunk(4)
         return tuple(self._conv_forward(x, weight, bias) for weight, bias in zip(weights, biases))
+
+    def one_map(self, x: Tensor) -> Tensor:
+        """The one conv's (B, 4C, H, W) output."""
+        return super().forward(x)
 
 
 class GatedLePE(Conv2d):
@@ -81,15 +85,17 @@ class GatedAttention(nn.Module):
 
     def split_heads(self, x: Tensor) -> Tensor:
         """(B, C, H, W) to (B, h, N, d), tokens row-major; a view where x is channels-last."""
-        batch, _, height, width = x.shape
-        return x.permute(0, 2, 3, 1).reshape(batch, height * width, self.num_heads, -1).transpose(1, 2)
+        return split_heads(x, self.num_heads)
 
     def forward(self, x: Tensor, rope: Optional[RotaryTables] = None) -> Tensor:
         """x: (B, C, H, W); rope: the (H W, C / h) tables of the stage's :class:`RoPE2d`, or None.
         Returns (B, C, H, W)."""
-        batch, channels, height, width = x.shape
         q, k, v, o = self.qkvo(x)
-        y = self.attend(self.split_heads(q), self.split_heads(k), self.split_heads(v), rope)
+        return self.leave(self.attend(self.split_heads(q), self.split_heads(k), self.split_heads(v), rope), v, o)
+
+    def leave(self, y: Tensor, v: Tensor, o: Tensor) -> Tensor:
+        """The (B, h, N, d) attention result y with v's and o's (B, C, H, W) maps to the (B, C, H, W) output."""
+        batch, channels, height, width = v.shape
         y = y.transpose(1, 2).reshape(batch, height, width, channels).permute(0, 3, 1, 2)  # channels-last
         return self.proj(self.lepe(v, y, o))
 
@@ -102,7 +108,15 @@ class MALAttention(GatedAttention):
 
 
 class SoftmaxAttention(GatedAttention):
-    """Softmax attention (:func:`softmax_attention`) in the gated skeleton."""
+    """Softmax attention (:func:`softmax_attention`) in the gated skeleton. Where the Triton kernels run, q and k
+    are rotated in place in the projection's map (:func:`~mala_mm.ops.rope.rotate_qk`): the backward keeps that map
+    for v and o, and would keep rotated copies of q and k beside it."""
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables]) -> Tensor:
-        return softmax_attention(q, k, v, rope, impl=self.impl)
+        return softmax_attention(q, k, v, rope)
+
+    def forward(self, x: Tensor, rope: Optional[RotaryTables] = None) -> Tensor:
+        if rope is None or not uses_triton(self.impl, x):
+            return super().forward(x, rope)
+        q, k, v, o = rotate_qk(self.qkvo.one_map(x), rope, self.num_heads, self.impl)
+        return self.leave(softmax_attention(q, k, self.split_heads(v)), v, o)

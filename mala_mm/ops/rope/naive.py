@@ -24,6 +24,15 @@ def apply_rope(x: Tensor, tables: RotaryTables) -> Tensor:
     return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
 
 
-def rotate_pair(q: Tensor, k: Tensor, tables: RotaryTables) -> Tuple[Tensor, Tensor]:
-    """q and k, each rotated by the tables."""
-    return apply_rope(q, tables), apply_rope(k, tables)
+def split_heads(x: Tensor, num_heads: int) -> Tensor:
+    """(B, C, H, W) to (B, h, N, d), tokens row-major and channels head-major; a view where x's channels are adjacent
+    in memory (channels-last, or a channel slice of such a map)."""
+    batch, channels, height, width = x.shape
+    return x.permute(0, 2, 3, 1).reshape(batch, height * width, num_heads, channels // num_heads).transpose(1, 2)
+
+
+def rotate_qk(qkvo: Tensor, tables: RotaryTables, num_heads: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The (B, 4C, H, W) map of q, k, v and o (C channels each, in that order) as softmax attention takes it: q's and
+    k's (B, h, N, d) heads rotated by the (N, d) tables, and v's and o's (B, C, H, W) maps."""
+    q, k, v, o = qkvo.chunk(4, dim=1)
+    return apply_rope(split_heads(q, num_heads), tables), apply_rope(split_heads(k, num_heads), tables), v, o

@@ -5,7 +5,7 @@ from typing import Tuple
 import torch
 from torch import Tensor
 
-from .naive import RotaryTables
+from .naive import RotaryTables, split_heads
 
 
 def apply_rope(x: Tensor, tables: RotaryTables) -> Tensor:
@@ -34,6 +34,8 @@ def swap_pairs(x: Tensor) -> Tensor:
     return x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
 
 
-def rotate_pair(q: Tensor, k: Tensor, tables: RotaryTables) -> Tuple[Tensor, Tensor]:
-    """q and k, each rotated by the tables."""
-    return apply_rope(q, tables), apply_rope(k, tables)
+def rotate_qk(qkvo: Tensor, tables: RotaryTables, num_heads: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The (B, 4C, H, W) qkvo map split as softmax attention takes it: q's and k's (B, h, N, d) heads rotated, v's
+    and o's (B, C, H, W) maps (:func:`~.naive.rotate_qk`)."""
+    q, k, v, o = qkvo.chunk(4, dim=1)
+    return apply_rope(split_heads(q, num_heads), tables), apply_rope(split_heads(k, num_heads), tables), v, o

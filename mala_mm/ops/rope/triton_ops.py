@@ -1,9 +1,11 @@
 """RoPE of the softmax stages' queries and keys in one Triton kernel, forward and backward.
 
-:func:`~mala_mm.ops.rope.torch_ops.apply_rope` takes about five launches a tensor (casts, the pair swap, two
-products); here one launch rotates a tile of q and the same tile of k, reading them in place (strided views of a
-map's heads) and writing the results in their dtype, laid out as (B, N, h, d), as flash attention reads them. The
-arithmetic is fp32, as apply_rope's.
+The qkvo projection's one conv writes q, k, v and o as channel slices of one map, and the backward keeps that map
+alive for v and o (LePE's and the attention's). Rotated into tensors of their own, q and k would be kept twice:
+here the kernel rotates them in place in the map, one launch for both (:func:`~mala_mm.ops.rope.apply_rope` takes
+about five a tensor: casts, the pair swap, two products). The backward's one launch rotates q's and k's gradients
+back and copies v's and o's beside them into the map's gradient, which the chunks' concatenation would otherwise
+assemble in a launch of its own. The arithmetic is fp32, as apply_rope's.
 """
 from typing import Callable, Iterator, Optional, Tuple
 
@@ -11,71 +13,115 @@ import torch
 import triton
 from torch import Tensor
 
-from ..triton_helpers import heads_of_channels_last_map, strides, unit_stride
+from ..triton_helpers import strides
 from ..triton_launch import GPU, in_kernels_or_torch, launch, torch_gradients
-from .kernels import rotate_pair_kernel
+from .kernels import rotate_qk_kernel
+from .naive import split_heads
 
 
-def kernel_options(head_dims: int, transposed: bool) -> dict:
-    """The kernel's constexprs for heads of ``head_dims`` channels: a tile of 4,096 elements (at least 16 tokens)
-    of the head width padded to a power of two, which compiles without spilling on every GPU Triton serves."""
+def kernel_options(head_dims: int, backward: bool) -> dict:
+    """The kernel's constexprs for heads of ``head_dims`` channels: a tile of the head width padded to a power of
+    two by 4,096 elements' worth of tokens (at least 16) in the forward, which reads q's and k's, and by half as many
+    in the backward, which reads all four maps' gradients: each compiles without spilling on every GPU Triton
+    serves."""
     block_d = triton.next_power_of_2(head_dims)
-    return dict(TRANSPOSED=transposed, BLOCK_N=max(16, 4096 // block_d), BLOCK_D=block_d)
+    elements = 2048 if backward else 4096
+    return dict(TRANSPOSED=backward, COPY_VO=backward, BLOCK_N=max(16, elements // block_d), BLOCK_D=block_d)
 
 
-def rotate_pair_variants(gpu: GPU) -> Iterator[Tuple[object, dict]]:
+def rotate_qk_variants(gpu: GPU) -> Iterator[Tuple[object, dict]]:
     """(kernel, its options) of each variant the launcher makes (the same on every GPU)."""
     for head_dims in (64, 96):
-        for transposed in (False, True):
-            yield rotate_pair_kernel, kernel_options(head_dims, transposed)
+        for backward in (False, True):
+            yield rotate_qk_kernel, kernel_options(head_dims, backward)
 
 
-def _rotate(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, transposed: bool) -> Tuple[Tensor, Tensor]:
-    q, k = unit_stride(q), unit_stride(k)
-    batch, heads, num_tokens, head_dims = q.shape
-    # in (B, N, h, d) memory, as flash attention reads its operands without a copy
-    q_out, k_out = heads_of_channels_last_map(q), heads_of_channels_last_map(k)
-    options = kernel_options(head_dims, transposed)
-    launch(rotate_pair_kernel, (triton.cdiv(num_tokens, options['BLOCK_N']) * batch * heads,),
-           q, k, cos, sin, q_out, k_out, *strides(q), *strides(k), *strides(q_out), heads, num_tokens, head_dims,
-           **options)
-    return q_out, k_out
+def _map_with_heads_in_place(qkvo: Tensor) -> Tensor:
+    """qkvo, or a channels-last copy where its heads are not views of it (its channels not adjacent in memory, or
+    its rows not a whole number of columns apart), which the kernel could not write in place."""
+    batch, channels, height, width = qkvo.shape
+    if qkvo.stride(1) == 1 and (height == 1 or qkvo.stride(2) == width * qkvo.stride(3)):
+        return qkvo
+    return qkvo.contiguous(memory_format=torch.channels_last)
 
 
-class _RotatePair(torch.autograd.Function):
+def _heads(maps, num_heads: int) -> list:
+    """Each (B, C, H, W) map's (B, h, N, d) heads: views (:func:`_map_with_heads_in_place`)."""
+    return [split_heads(m, num_heads) for m in maps]
+
+
+def _launch(sources: list, outputs: list, cos: Tensor, sin: Tensor, num_heads: int, backward: bool) -> None:
+    batch, _, num_tokens, head_dims = outputs[0].shape
+    options = kernel_options(head_dims, backward)
+    launch(rotate_qk_kernel, (triton.cdiv(num_tokens, options['BLOCK_N']) * batch * num_heads,),
+           *sources, cos, sin, *outputs, *(s for t in sources for s in strides(t)), *strides(outputs[0]),
+           num_heads, num_tokens, head_dims, **options)
+
+
+def _dense_heads(grad: Optional[Tensor], like: Tensor) -> Tensor:
+    """A gradient of (B, h, N, d) heads as the kernel reads it: unit channel stride (zeros where autograd gave none)."""
+    if grad is None:
+        return torch.zeros_like(like)
+    return grad if grad.stride(-1) == 1 else grad.contiguous()
+
+
+class _RotateQK(torch.autograd.Function):
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, tables_type: type,
+    def forward(ctx, qkvo: Tensor, cos: Tensor, sin: Tensor, num_heads: int, tables_type: type,
                 torch_fallback: Optional[Callable]):
-        if q.shape != k.shape:
-            raise ValueError(f'rotate_pair: q and k must have one shape, got {tuple(q.shape)} and {tuple(k.shape)}')
+        qkvo = _map_with_heads_in_place(qkvo)
         cos, sin = cos.contiguous(), sin.contiguous()
+        maps = qkvo.chunk(4, dim=1)
+        q, k = _heads(maps[:2], num_heads)
+        _launch([q, k, q, k], [q, k, q, k], cos, sin, num_heads, backward=False)
+        # the kernel wrote q and k without autograd seeing it: a save of the map before now fails its backward
+        torch.autograd.graph.increment_version(qkvo)
         ctx.save_for_backward(cos, sin)
-        ctx.tables_type, ctx.torch_fallback = tables_type, torch_fallback
-        return _rotate(q, k, cos, sin, transposed=False)
+        ctx.num_heads, ctx.tables_type, ctx.torch_fallback = num_heads, tables_type, torch_fallback
+        ctx.map_shape, ctx.map_dtype = qkvo.shape, qkvo.dtype
+        return q, k, maps[2].view_as(maps[2]), maps[3].view_as(maps[3])
 
     @staticmethod
-    def backward(ctx, grad_q: Tensor, grad_k: Tensor):
+    def backward(ctx, grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, grad_o: Tensor):
         cos, sin = ctx.saved_tensors
-        tables = ctx.tables_type(cos, sin)
-        # the rotation is linear: its gradient does not depend on where it is taken
-        grads = in_kernels_or_torch(
-            lambda: _rotate(grad_q, grad_k, cos, sin, transposed=True), ctx.torch_fallback,
-            lambda: torch_gradients(lambda q, k: ctx.torch_fallback(q, k, tables),
-                                    (torch.zeros_like(grad_q), torch.zeros_like(grad_k)), (grad_q, grad_k)))
-        return (*grads, None, None, None, None)
+        grad_map = torch.empty(ctx.map_shape, dtype=ctx.map_dtype, device=cos.device,
+                               memory_format=torch.channels_last)
+        outputs = _heads(grad_map.chunk(4, dim=1), ctx.num_heads)
+        sources = [_dense_heads(g, like) for g, like in zip(
+            (grad_q, grad_k, *_heads((grad_v, grad_o), ctx.num_heads)), outputs)]
+
+        def in_kernels():
+            _launch(sources, outputs, cos, sin, ctx.num_heads, backward=True)
+            return grad_map
+
+        def in_torch():  # the rotation is linear: its gradient does not depend on where it is taken
+            tables = ctx.tables_type(cos, sin)
+            return torch_gradients(lambda qkvo: ctx.torch_fallback(qkvo, tables, ctx.num_heads),
+                                   (torch.zeros_like(grad_map),), (grad_q, grad_k, grad_v, grad_o))[0]
+        grad_map = in_kernels_or_torch(in_kernels, ctx.torch_fallback, in_torch)
+        return grad_map, None, None, None, None, None
 
 
-def rotate_pair(q: Tensor, k: Tensor, tables, torch_fallback: Optional[Callable] = None) -> Tuple[Tensor, Tensor]:
-    """``(apply_rope(q, tables), apply_rope(k, tables))`` in one launch.
+def rotate_qk(qkvo: Tensor, tables, num_heads: int, torch_fallback: Optional[Callable] = None
+              ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The qkvo map split as softmax attention takes it, q and k rotated in place in it, in one launch.
 
     Args:
-        q, k: (B, h, N, d) features of one shape, any strides.
+        qkvo: (B, 4C, H, W), q, k, v and o, C channels each; channels-last (other layouts are copied to it first).
+            Its q and k channels are overwritten: not a leaf that requires grad.
         tables: the (N, d) :class:`~mala_mm.ops.rope.RotaryTables`.
+        num_heads: h, with C = h d.
         torch_fallback: where the backward's kernel fails on the GPU, the :class:`~mala_mm.ops.dispatch.Operator`
-            that gives the gradients in torch operators instead; None: the error stops the backward.
+            that gives the gradient in torch operators instead; None: the error stops the backward.
 
     Returns:
-        Two (B, h, N, d) tensors in the dtypes of q and k, laid out as the heads of a channels-last map.
+        q's and k's (B, h, N, d) heads, rotated, and v's and o's (B, C, H, W) maps: views of the map, in its dtype.
     """
-    return _RotatePair.apply(q, k, tables.cos, tables.sin, type(tables), torch_fallback)
+    if qkvo.dim() != 4 or qkvo.shape[1] % (4 * num_heads):
+        raise ValueError(f'rotate_qk: expected a (B, 4C, H, W) map with C a multiple of {num_heads} heads, got '
+                         f'{tuple(qkvo.shape)}')
+    if qkvo.is_leaf and qkvo.requires_grad:
+        raise ValueError('rotate_qk: the kernel writes q and k into qkvo, which must not be a leaf that requires '
+                         'grad (pass a copy)')
+    return _RotateQK.apply(qkvo, tables.cos, tables.sin, num_heads, type(tables), torch_fallback)

@@ -1,4 +1,4 @@
-"""mala_mm.ops.rope: rotate_pair in each implementation against the naive rotation in fp64, the kernel's launches,
+"""mala_mm.ops.rope: rotate_qk in each implementation against the naive rotation in fp64, the kernel's launches,
 and the naive rotation against the spec's complex multiplication."""
 import pytest
 import torch
@@ -13,42 +13,64 @@ FLOATS = [torch.float32, torch.bfloat16, torch.float16]
 HEIGHT, WIDTH, HEADS, HEAD_DIMS = 5, 7, 2, 12
 
 
-def strided_pair(dtype, device):
-    """q and k as the skeleton hands them over: the heads of two channel slices of one channels-last map."""
-    qk = torch.randn(2, 2 * HEADS * HEAD_DIMS, HEIGHT, WIDTH, device=device).to(dtype)
-    qk = qk.contiguous(memory_format=torch.channels_last)
-    return [t.permute(0, 2, 3, 1).reshape(2, HEIGHT * WIDTH, HEADS, HEAD_DIMS).transpose(1, 2).requires_grad_()
-            for t in qk.detach().chunk(2, dim=1)]
+def qkvo_map(dtype, device):
+    """The qkvo projection's (B, 4C, H, W) map, channels-last, as a leaf that requires grad."""
+    qkvo = torch.randn(2, 4 * HEADS * HEAD_DIMS, HEIGHT, WIDTH, device=device).to(dtype)
+    return qkvo.contiguous(memory_format=torch.channels_last).requires_grad_()
+
+
+def rotate_copy(impl):
+    """The implementation on a copy of the map, which the kernel may overwrite."""
+    return lambda qkvo, tables: implementation('rotate_qk', impl)(qkvo.clone(), tables, HEADS)
 
 
 @pytest.mark.parametrize('impl, dtype', impl_dtypes([torch.float64, *FLOATS], FLOATS))
-def test_rotate_pair_matches_naive_in_fp64(impl, dtype):
-    """Within one rounding to the features' dtype: the arithmetic is fp32 (fp64 for fp64 features)."""
+def test_rotate_qk_matches_naive_in_fp64(impl, dtype):
+    """Within one rounding to the map's dtype: the arithmetic is fp32 (fp64 for an fp64 map)."""
     device = device_of(impl)
-    inputs = [*strided_pair(dtype, device), RoPE2d(HEAD_DIMS).to(device).tables(HEIGHT, WIDTH, dtype)]
-    outputs, grads, weights = outputs_and_gradients(implementation('rotate_pair', impl), inputs)
-    exact, exact_grads, _ = outputs_and_gradients(naive.rotate_pair, fp64_copies(inputs), weights)
-    for name, ours, expected in zip(['q', 'k', 'grad q', 'grad k'], [*outputs, *grads], [*exact, *exact_grads]):
+    inputs = [qkvo_map(dtype, device), RoPE2d(HEAD_DIMS).to(device).tables(HEIGHT, WIDTH, dtype)]
+    outputs, grads, weights = outputs_and_gradients(rotate_copy(impl), inputs)
+    exact, exact_grads, _ = outputs_and_gradients(lambda qkvo, tables: naive.rotate_qk(qkvo, tables, HEADS),
+                                                  fp64_copies(inputs), weights)
+    for name, ours, expected in zip(['q', 'k', 'v', 'o', 'grad qkvo'], [*outputs, *grads], [*exact, *exact_grads]):
         assert ours.dtype == dtype, name
         assert_matches_fp64(ours, expected, name)
 
 
 @IMPL_MARKS['triton']
-def test_the_kernel_takes_one_launch_a_pass_and_lays_out_channels_last_maps(monkeypatch):
-    """q and k read in place and rotated together; the results are (B, N, h, d) in memory, as flash attention
-    reads them."""
+def test_the_kernel_rotates_in_the_map_in_one_launch_a_pass(monkeypatch):
+    """q and k rotated in place: every output is a view of the map. The backward's one launch also writes v's and
+    o's gradients into the map's, which the chunks' concatenation would write in a launch of its own."""
     record = LaunchRecord(monkeypatch)
     device = device_of('triton')
-    q, k = strided_pair(torch.float32, device)
+    leaf = qkvo_map(torch.float32, device)
+    qkvo = leaf.clone()
     tables = RoPE2d(HEAD_DIMS).to(device).tables(HEIGHT, WIDTH)
     with record:
-        outputs = implementation('rotate_pair', 'triton')(q, k, tables)
-    assert record.take() == ['rotate_pair_kernel']
-    assert all(out.transpose(1, 2).is_contiguous() for out in outputs)
+        outputs = implementation('rotate_qk', 'triton')(qkvo, tables, HEADS)
+    assert record.take() == ['rotate_qk_kernel']
+    assert all(out.untyped_storage().data_ptr() == qkvo.untyped_storage().data_ptr() for out in outputs)
+    torch.testing.assert_close(outputs[0], naive.rotate_qk(leaf.detach(), tables, HEADS)[0])
     grads = [torch.randn_like(out) for out in outputs]
     with record:
-        torch.autograd.grad(outputs, (q, k), grads)
-    assert record.take() == ['rotate_pair_kernel']
+        torch.autograd.grad(outputs, leaf, grads)
+    assert record.take() == ['rotate_qk_kernel']
+
+
+@IMPL_MARKS['triton']
+def test_the_kernel_refuses_a_leaf_and_a_map_saved_before_it():
+    """It overwrites q and k: a leaf that requires grad is refused, as torch refuses an in-place operator on one,
+    and an operator that saved the map before fails its backward rather than compute with the rotated values."""
+    device = device_of('triton')
+    leaf = qkvo_map(torch.float32, device)
+    tables = RoPE2d(HEAD_DIMS).to(device).tables(HEIGHT, WIDTH)
+    with pytest.raises(ValueError, match='leaf'):
+        implementation('rotate_qk', 'triton')(leaf, tables, HEADS)
+    qkvo = leaf * 1
+    squares = qkvo * qkvo
+    implementation('rotate_qk', 'triton')(qkvo, tables, HEADS)
+    with pytest.raises(RuntimeError, match='modified by an inplace operation'):
+        squares.sum().backward()
 
 
 def test_naive_rotation_is_the_complex_product_by_the_spec_angles():

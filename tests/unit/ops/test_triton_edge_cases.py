@@ -11,7 +11,7 @@ from mala_mm.models.layers import RoPE2d
 from mala_mm.ops.mala_attention import mala_attention
 from mala_mm.ops.depthwise import gated_depthwise_conv, residual_depthwise_conv
 from mala_mm.ops.residual import scaled_residual, scaled_residual_norm
-from mala_mm.ops.rope import rotate_pair
+from mala_mm.ops.rope import rotate_qk
 
 try:
     from mala_mm.ops.mala_attention.triton_ops import AttentionPlan
@@ -66,8 +66,8 @@ def centre_tap(weight):
 
 OPERATORS = {
     'mala_attention': (lambda q, k, v, impl: mala_attention(q, k, v, None, 1e-6, impl), [(0, 2, 20, 16)] * 3),
-    'rotate_pair': (lambda q, k, impl: rotate_pair(q, k, RoPE2d(16).to(TRITON_DEVICE).tables(4, 5), impl),
-                    [(0, 2, 20, 16)] * 2),
+    'rotate_qk': (lambda qkvo, impl: rotate_qk(qkvo.clone(), RoPE2d(16).to(TRITON_DEVICE).tables(4, 5), 2, impl),
+                  [(0, 4 * 32, 4, 5)]),
     'residual_depthwise_conv': (lambda x, w, b, impl: residual_depthwise_conv(x, w, b, True, centre_tap(w), impl),
                                 [(0, C, *SIZE), (C, 1, 3, 3), (C,)]),
     'gated_depthwise_conv': (gated_depthwise_conv, [(0, C, *SIZE)] * 3 + [(C, 1, 5, 5), (C,)]),
