@@ -137,16 +137,21 @@ def store_partial_sums(partial_ptr, grad_weight, grad_bias, chans, in_chans, cha
 
 
 @triton.jit(do_not_specialize=PIXEL_ARGS)
-def residual_conv_kernel(x_ptr, weight_ptr, bias_ptr, out_ptr,
+def residual_conv_kernel(x_ptr, weight_ptr, bias_ptr, out_ptr, copy_ptr,
                          stride_xb, stride_xh, stride_xw, stride_ob, stride_oh, stride_ow,
                          channels, height, width, num_pixels,
-                         GELU: tl.constexpr, KERNEL: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
-    """out = a + conv(a) + bias, a = GELU(x) or x, for one tile."""
+                         GELU: tl.constexpr, COPY: tl.constexpr, KERNEL: tl.constexpr, BLOCK_P: tl.constexpr,
+                         BLOCK_C: tl.constexpr):
+    """out = a + conv(a) + bias, a = GELU(x) or x, for one tile; where COPY, x also written to copy (out's strides,
+    copy's dtype)."""
     chans, in_chans = channel_tile(channels, BLOCK_C)
     batch, row, col, in_map = pixel_tile(tl.program_id(0), height, width, num_pixels, BLOCK_P)
     valid = in_map[:, None] & in_chans[None, :]
     x = pointers(x_ptr, batch, row, col, chans, stride_xb, stride_xh, stride_xw)
-    out = activation(load(x, valid), GELU) + tl.load(bias_ptr + chans, mask=in_chans, other=0.0)[None, :]
+    centre = load(x, valid)
+    if COPY:
+        store(copy_ptr, batch, row, col, chans, stride_ob, stride_oh, stride_ow, centre, valid)
+    out = activation(centre, GELU) + tl.load(bias_ptr + chans, mask=in_chans, other=0.0)[None, :]
     out = plus_depthwise_conv(out, x, valid, row, col, height, width, stride_xh, stride_xw, weight_ptr, chans,
                               in_chans, GELU, KERNEL)
     store(out_ptr, batch, row, col, chans, stride_ob, stride_oh, stride_ow, out, valid)

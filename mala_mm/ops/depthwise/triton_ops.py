@@ -6,6 +6,7 @@ import torch
 import triton
 from torch import Tensor
 
+from ..torch_compat import autocast_dtype, autocast_enabled
 from ..triton_helpers import MAX_PARTIAL_ROWS
 from ..triton_launch import (GPU, INTERPRETER_GPU, gpu_of, in_kernels_or_torch, launch, registers_a_thread,
                              torch_gradients)
@@ -21,11 +22,6 @@ def _channels_adjacent(t: Tensor) -> Tensor:
 def _map_strides(t: Tensor) -> Tuple[int, int, int]:
     """The batch, row and column strides of a (B, C, H, W) map, as the kernels take them."""
     return t.stride(0), t.stride(2), t.stride(3)
-
-
-def _channels_last_empty(like: Tensor) -> Tensor:
-    """A dense channels-last map of like's shape, dtype and device, unwritten."""
-    return torch.empty(like.shape, dtype=like.dtype, device=like.device, memory_format=torch.channels_last)
 
 
 def _check_shapes(name: str, like: Tensor, weight: Tensor, bias: Tensor):
@@ -48,8 +44,9 @@ def residual_depthwise_conv_variants(gpu: GPU) -> Iterator[Tuple[object, dict]]:
     """(kernel, its options) of each variant the launcher makes (the same on every GPU): the position encoding's
     and the FFN's 3x3 convs."""
     plan = DepthwisePlan(torch.empty(1, 64, 8, 8), torch.empty(64, 1, 3, 3), gpu)
+    for gelu, copy in ((False, False), (False, True), (True, False)):  # the copy: of the fp32 stream, under autocast
+        yield residual_conv_kernel, dict(plan.options, GELU=gelu, COPY=copy)
     for gelu in (False, True):
-        yield residual_conv_kernel, dict(plan.options, GELU=gelu)
         yield residual_conv_grad_kernel, dict(plan.grad_options, GELU=gelu)
 
 
@@ -101,6 +98,22 @@ def _parameter_grads(partial: Tensor, weight: Tensor) -> Tuple[Tensor, Tensor]:
     return sums[:taps].as_strided(weight.shape, weight.stride()), sums[taps:]
 
 
+def _saved_copy_dtype(x: Tensor, gelu: bool) -> Optional[torch.dtype]:
+    """The dtype of the copy of x that the backward keeps instead of x, or None to keep x: autocast's, where it is
+    on and narrower than x and x is read back only for the weight's gradient (not through GELU), as autocast's conv
+    would keep its cast of x."""
+    device = x.device.type
+    if gelu or not autocast_enabled(device):
+        return None
+    dtype = autocast_dtype(device)
+    return dtype if dtype.itemsize < x.dtype.itemsize else None
+
+
+def _channels_last_empty(like: Tensor, dtype: Optional[torch.dtype] = None) -> Tensor:
+    """A dense channels-last map of like's shape, dtype (or ``dtype``) and device, unwritten."""
+    return torch.empty(like.shape, dtype=dtype or like.dtype, device=like.device, memory_format=torch.channels_last)
+
+
 class _ResidualDepthwiseConv(torch.autograd.Function):
 
     @staticmethod
@@ -108,25 +121,28 @@ class _ResidualDepthwiseConv(torch.autograd.Function):
         x, weight, bias = _channels_adjacent(x), weight.contiguous(), bias.contiguous()
         plan = DepthwisePlan(x, weight, gpu_of(x))
         out = _channels_last_empty(x)
-        launch(residual_conv_kernel, plan.tile_grid, x, weight, bias, out, *_map_strides(x), *_map_strides(out),
-               *plan.sizes, GELU=gelu, **plan.options)
-        ctx.save_for_backward(x, weight, bias)
-        ctx.gelu, ctx.torch_fallback = gelu, torch_fallback
+        copy_dtype = _saved_copy_dtype(x, gelu)
+        saved = x if copy_dtype is None else _channels_last_empty(x, copy_dtype)
+        launch(residual_conv_kernel, plan.tile_grid, x, weight, bias, out, saved, *_map_strides(x),
+               *_map_strides(out), *plan.sizes, GELU=gelu, COPY=copy_dtype is not None, **plan.options)
+        ctx.save_for_backward(saved, weight, bias)
+        ctx.gelu, ctx.torch_fallback, ctx.x_dtype = gelu, torch_fallback, x.dtype
         return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         x, weight, bias = ctx.saved_tensors
         grads = in_kernels_or_torch(
-            lambda: _residual_conv_grads(x, weight, grad, ctx.gelu), ctx.torch_fallback,
+            lambda: _residual_conv_grads(x, weight, grad, ctx.gelu, ctx.x_dtype), ctx.torch_fallback,
             lambda: torch_gradients(lambda *args: ctx.torch_fallback(*args, ctx.gelu), (x, weight, bias), (grad,)))
         return (*grads, None, None)
 
 
-def _residual_conv_grads(x: Tensor, weight: Tensor, grad: Tensor, gelu: bool) -> Tuple[Tensor, Tensor, Tensor]:
+def _residual_conv_grads(x: Tensor, weight: Tensor, grad: Tensor, gelu: bool, x_dtype: torch.dtype
+                         ) -> Tuple[Tensor, Tensor, Tensor]:
     grad = _channels_adjacent(grad)
     plan = DepthwisePlan(x, weight, gpu_of(x))
-    grad_x, partial = torch.empty_like(x), plan.partial_sums()
+    grad_x, partial = _channels_last_empty(x, x_dtype), plan.partial_sums()
     launch(residual_conv_grad_kernel, plan.chunk_grid, x, grad, weight, grad_x, partial, *_map_strides(x),
            *_map_strides(grad), *_map_strides(grad_x), *plan.sizes, plan.tiles_per_program, GELU=gelu,
            **plan.grad_options)
@@ -170,7 +186,9 @@ def _gated_conv_grads(y: Tensor, v: Tensor, o: Tensor, weight: Tensor, bias: Ten
 def residual_depthwise_conv(x: Tensor, weight: Tensor, bias: Tensor, gelu: bool, centre_tap: Optional[Tensor] = None,
                             torch_fallback: Optional[Callable] = None) -> Tensor:
     """``a + conv2d(a, weight, bias, padding=k // 2, groups=C)`` with ``a = GELU(x)`` (exact, erf) or ``a = x``, in
-    one launch; its backward takes two.
+    one launch; its backward takes two. Under autocast, for ``a = x`` wider than autocast's dtype (the fp32 residual
+    stream), the launch also writes x in autocast's dtype, which the backward keeps for the weight's gradient, as
+    autocast's conv keeps its cast of x: half the bytes of x.
 
     Args:
         x: (B, C, H, W) fp32, bf16 or fp16, its channels adjacent in memory (channels-last; other maps are copied
@@ -184,7 +202,7 @@ def residual_depthwise_conv(x: Tensor, weight: Tensor, bias: Tensor, gelu: bool,
             error stops the backward.
 
     Returns:
-        (B, C, H, W) in x's dtype, channels-last. Arithmetic is fp32; x's gradient takes x's dtype and strides.
+        (B, C, H, W) in x's dtype, channels-last. Arithmetic is fp32; x's gradient is channels-last in x's dtype.
     """
     _check_shapes('residual_depthwise_conv', x, weight, bias)
     return _ResidualDepthwiseConv.apply(x, weight, bias, gelu, torch_fallback)

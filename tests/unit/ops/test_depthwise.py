@@ -164,6 +164,29 @@ def test_the_kernels_take_one_launch_a_forward_and_two_a_backward(monkeypatch):
     assert grads[3].stride() == inputs[3].stride()
 
 
+@IMPL_MARKS['triton']
+def test_under_autocast_the_kernel_keeps_the_fp32_stream_in_autocast_dtype():
+    """The position encoding on the fp32 stream: its output from x in fp32, and for the weight's gradient the backward
+    keeps x rounded to bf16 (half the bytes), as autocast's conv keeps its cast of x: the gradients are the naive
+    formula's on that rounding."""
+    inputs = residual_inputs((2, 20, 5, 6))
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        outputs, grads, weights = outputs_and_gradients(implementation('residual_depthwise_conv', 'triton'), inputs,
+                                                        autocast=torch.bfloat16)
+    x = inputs[0]
+    kept = [t for t in saved if t.shape == x.shape and t.dtype != torch.float64]  # not the loss's
+    assert [t.dtype for t in kept] == [torch.bfloat16]
+    assert_matches_fp64(kept[0], x.detach().double(), 'kept x')
+    assert outputs[0].dtype == torch.float32
+    exact, _, _ = outputs_and_gradients(naive.residual_depthwise_conv, fp64_copies(inputs), weights)
+    assert_matches_fp64(outputs[0], exact[0], 'output')
+    _, exact_grads, _ = outputs_and_gradients(naive.residual_depthwise_conv,
+                                              fp64_copies([kept[0].requires_grad_(), *inputs[1:]]), weights)
+    for grad, expected, name in zip(grads, exact_grads, ['x', 'weight', 'bias']):
+        assert_matches_fp64(grad, expected, name)
+
+
 def test_the_centre_tap_adds_the_residual_in_the_conv_in_fp32():
     """One pass over the map, ``DWConv(x)`` with the centre tap added to the kernel: in fp32 as exact as the conv
     and the add (fp16 would round 1 + 1e-3 t to steps of 2^-10)."""
