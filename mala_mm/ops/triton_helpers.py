@@ -1,6 +1,6 @@
-"""The Triton helpers that several operators' kernels and launchers share: a tile of a head's (N, d) matrix, RoPE's
-rotation of a tile (the attention's kernels rotate inside, RoPE's own kernel alone), and the layouts that the
-launchers read and write."""
+"""The Triton helpers that several operators' kernels and launchers share: GELU and its slope, a tile of a head's
+(N, d) matrix, RoPE's rotation of a tile (the attention's kernels rotate inside, RoPE's own kernel alone), and the
+layouts that the launchers read and write."""
 from typing import Tuple
 
 import triton
@@ -15,6 +15,22 @@ TOKEN_ARGS = ['num_tokens']
 # channels and a 5x5 kernel, 512 rows are 3.4 MB for the sum to read, and 512 programs are still several per SM of
 # an H100 (132 SMs)
 MAX_PARTIAL_ROWS = 512
+
+# constants of GELU, 1 / sqrt(2) and 1 / sqrt(2 pi), which a compiled kernel reads only as constexpr globals
+INV_SQRT2 = tl.constexpr(0.7071067811865476)
+INV_SQRT_2PI = tl.constexpr(0.3989422804014327)
+
+
+@triton.jit
+def gelu(x):
+    """torch's exact GELU, x Phi(x)."""
+    return 0.5 * x * (1 + tl.math.erf(x * INV_SQRT2))
+
+
+@triton.jit
+def gelu_slope(x):
+    """The derivative of GELU: Phi(x) + x phi(x)."""
+    return 0.5 * (1 + tl.math.erf(x * INV_SQRT2)) + x * tl.exp(-0.5 * x * x) * INV_SQRT_2PI
 
 
 @triton.jit

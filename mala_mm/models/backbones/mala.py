@@ -97,7 +97,7 @@ class MALA(BaseModule):
         self.with_cp = with_cp
         check_impl(impl, 'MALA: ', MALAConfigError)
 
-        self.patch_embed = ConvStem(in_channels, self.embed_dims[0], norm_cfg)
+        self.patch_embed = ConvStem(in_channels, self.embed_dims[0], norm_cfg, impl)
         self.layers = nn.ModuleList(self._stages(arch, drop_path_rate, norm_cfg, impl))
         # keyed by stage index so that the state dict reads extra_norms.{i}.* as released
         self.extra_norms = nn.ModuleDict({str(i): LayerNorm2d(self.embed_dims[i]) for i in self.out_indices})

@@ -9,6 +9,7 @@ import torch.utils.checkpoint as cp
 from mmcv.cnn import build_norm_layer
 from torch import Tensor, nn
 
+from ...ops.batch_norm_gelu import batch_norm_gelu
 from ...ops.conv2d import channels_last_strides
 from ...ops.depthwise import residual_depthwise_conv
 from ...ops.residual import add_branch, layer_norm_2d
@@ -34,12 +35,15 @@ class LayerNorm2d(nn.Module):
 class ConvStem(nn.Module):
     """Stride-4 stem: four 3x3 convs (strides 2, 1, 1, 2), each followed by a norm, GELU between them.
 
-    (B, in_channels, H, W) -> (B, C, ceil(H / 4), ceil(W / 4)).
+    (B, in_channels, H, W) -> (B, C, ceil(H / 4), ceil(W / 4)). Where a norm is a BatchNorm in training, it and its
+    GELU run as one operator (:func:`~mala_mm.ops.batch_norm_gelu.batch_norm_gelu`), whose Triton path keeps the
+    norm's input alone for the backward; SyncBN, which gathers its statistics across processes, runs as it is.
     """
 
-    def __init__(self, in_channels: int, embed_dims: int, norm_cfg: dict):
+    def __init__(self, in_channels: int, embed_dims: int, norm_cfg: dict, impl: str = 'auto'):
         super().__init__()
         mid = embed_dims // 2
+        self.impl = impl
         layers = []
         for i, (c_in, c_out, stride) in enumerate(
                 [(in_channels, mid, 2), (mid, mid, 1), (mid, mid, 1), (mid, embed_dims, 2)]):
@@ -49,7 +53,23 @@ class ConvStem(nn.Module):
         self.proj = nn.Sequential(*layers)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.proj(x)
+        layers = self.proj
+        for i in range(0, len(layers) - 2, 3):
+            conv, norm, gelu = layers[i:i + 3]
+            x = self._norm_gelu(norm, gelu, conv(x))
+        return layers[-1](layers[-2](x))
+
+    def _norm_gelu(self, norm: nn.Module, gelu: nn.Module, x: Tensor) -> Tensor:
+        if not (type(norm) is nn.BatchNorm2d and norm.training and norm.affine and torch.is_grad_enabled()
+                and x.numel() > x.shape[1]):
+            return gelu(norm(x))
+        momentum = norm.momentum
+        if norm.track_running_stats:  # as the norm's own forward counts its batches
+            norm.num_batches_tracked.add_(1)
+            if momentum is None:
+                momentum = 1 / float(norm.num_batches_tracked)
+        return batch_norm_gelu(x, norm.weight, norm.bias, norm.running_mean, norm.running_var, momentum, norm.eps,
+                               self.impl)
 
 
 class ConvDownsample(nn.Module):

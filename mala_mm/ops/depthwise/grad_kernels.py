@@ -3,7 +3,8 @@ the inputs' gradients and sums the weight's and the bias's over its pixels into 
 import triton
 import triton.language as tl
 
-from .kernels import (PIXEL_ARGS, activation, channel_tile, gelu_slope, load, load_moved, moved_inside, pixel_tile,
+from ..triton_helpers import gelu_slope
+from .kernels import (PIXEL_ARGS, activation, channel_tile, load, load_moved, moved_inside, pixel_tile,
                       pointers, store, store_partial_sums, tap_offset, tap_weights)
 
 

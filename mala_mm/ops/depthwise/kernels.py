@@ -23,26 +23,12 @@ as views of its result. No atomics: the gradients are the same from run to run.
 import triton
 import triton.language as tl
 
+from ..triton_helpers import gelu
+
 # sizes that change with every image: Triton would compile a kernel again each time one moved between 1, multiples
 # of 16 and other values, with nothing to gain for a size. The strides keep their specialisation: multiples of the
 # channels, they keep their divisibility from image to image, and it tells the compiler how the loads align
 PIXEL_ARGS = ['height', 'width', 'num_pixels']
-
-# constants of GELU, 1 / sqrt(2) and 1 / sqrt(2 pi), which a compiled kernel reads only as constexpr globals
-INV_SQRT2 = tl.constexpr(0.7071067811865476)
-INV_SQRT_2PI = tl.constexpr(0.3989422804014327)
-
-
-@triton.jit
-def gelu(x):
-    """torch's exact GELU, x Phi(x)."""
-    return 0.5 * x * (1 + tl.math.erf(x * INV_SQRT2))
-
-
-@triton.jit
-def gelu_slope(x):
-    """The derivative of GELU: Phi(x) + x phi(x)."""
-    return 0.5 * (1 + tl.math.erf(x * INV_SQRT2)) + x * tl.exp(-0.5 * x * x) * INV_SQRT_2PI
 
 
 @triton.jit

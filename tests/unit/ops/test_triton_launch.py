@@ -125,7 +125,7 @@ def test_every_launch_runs_on_its_tensors_device(gpus, monkeypatch):
     assert {name for name, _ in launched_on} == {
         'state_kernel', 'output_kernel', 'query_grad_kernel', 'key_value_grad_kernel', 'rotate_qk_kernel',
         'residual_conv_kernel', 'residual_conv_grad_kernel', 'gated_conv_kernel', 'gated_conv_grad_kernel',
-        'residual_kernel', 'residual_grad_kernel'}
+        'residual_kernel', 'residual_grad_kernel', 'gelu_grad_kernel'}
     assert {device for _, device in launched_on} == {1}
 
 
