@@ -83,12 +83,13 @@ def residual_kernel(x_ptr, branch_ptr, gamma_ptr, factors_ptr, weight_ptr, bias_
 def residual_grad_kernel(x_ptr, branch_ptr, gamma_ptr, factors_ptr, weight_ptr, grad_ptr, grad_normed_ptr,
                           grad_stream_ptr, grad_branch_ptr, partial_ptr, stride_gb, stride_gp, stride_gc,
                           num_pixels, pixels_per_item, channels, eps, tiles_per_program,
-                          HAS_FACTORS: tl.constexpr, NORM: tl.constexpr, BLOCK_P: tl.constexpr,
-                          BLOCK_C: tl.constexpr):
+                          HAS_FACTORS: tl.constexpr, NORM: tl.constexpr, SUM_KEPT: tl.constexpr,
+                          BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
     """The gradients of the stream (where NORM: the stream's own plus the LayerNorm's; else it is ``grad`` itself
     and not written) and of the branch, for tiles_per_program tiles; the program's sums of the gradients of gamma,
     and where NORM of the norm's weight and bias, into its row of ``partial`` (3 x channels). The normalised map's
-    gradient is read at the strides stride_g* (batch item, pixel, channel)."""
+    gradient is read at the strides stride_g* (batch item, pixel, channel). x is the stream before the branch, or
+    where SUM_KEPT the sum itself."""
     program = tl.program_id(0)
     chans = tl.arange(0, BLOCK_C)
     gamma = _channel_vector(gamma_ptr, chans, channels)
@@ -102,9 +103,11 @@ def residual_grad_kernel(x_ptr, branch_ptr, gamma_ptr, factors_ptr, weight_ptr, 
         factor = _pixel_factors(factors_ptr, pixels, num_pixels, pixels_per_item, HAS_FACTORS)
         branch = tl.load(branch_ptr + offsets, mask=valid, other=0.0).to(tl.float32)
         if NORM:
-            # the sum again, as the forward computed it, rather than a copy of it kept from the forward
             x = tl.load(x_ptr + offsets, mask=valid, other=0.0).to(tl.float32)
-            out = x + (factor[:, None] * gamma[None, :]) * branch
+            if SUM_KEPT:
+                out = x
+            else:  # the sum again, as the forward computed it, rather than a copy of it kept from the forward
+                out = x + (factor[:, None] * gamma[None, :]) * branch
             xhat, rstd = _normalised(out, valid, channels, eps)
             grad_normed_offsets = _map_offsets(pixels, chans, pixels_per_item, stride_gb, stride_gp, stride_gc)
             grad_normed = tl.load(grad_normed_ptr + grad_normed_offsets, mask=valid, other=0.0).to(tl.float32)

@@ -56,8 +56,9 @@ def _variants(norm: bool) -> Iterator[Tuple[object, dict]]:
     for channels in (64, 96, 192, 320, 640):
         plan = ResidualPlan(torch.empty(1, channels, 8, 8))
         for factors in (False, True):
-            for kernel in (residual_kernel, residual_grad_kernel):
-                yield kernel, dict(plan.options, HAS_FACTORS=factors, NORM=norm)
+            yield residual_kernel, dict(plan.options, HAS_FACTORS=factors, NORM=norm)
+            for sum_kept in (False, True) if norm else (False,):
+                yield residual_grad_kernel, dict(plan.options, HAS_FACTORS=factors, NORM=norm, SUM_KEPT=sum_kept)
 
 
 def scaled_residual_variants(gpu: GPU) -> Iterator[Tuple[object, dict]]:
@@ -72,28 +73,31 @@ class _ScaledResidual(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, branch: Tensor, gamma: Tensor, factors: Optional[Tensor], weight: Optional[Tensor],
-                bias: Optional[Tensor], eps: float, normed_dtype: Optional[torch.dtype],
-                normed_format: torch.memory_format, torch_fallback: Optional[Callable]):
+                bias: Optional[Tensor], eps: float, normed_dtype: Optional[torch.dtype], as_output: bool,
+                torch_fallback: Optional[Callable]):
         x, branch = _dense_channels_last(x), _dense_channels_last(branch)
         plan = ResidualPlan(x)
         norm = weight is not None
         # the dtype torch's addcmul would give: the fp32 layer scale lifts a low-precision stream (the stem's output
         # under autocast) to fp32, as in torch operators
         out = torch.empty_like(x, dtype=torch.promote_types(torch.promote_types(x.dtype, branch.dtype), gamma.dtype))
+        normed_format = torch.contiguous_format if as_output else torch.channels_last
         normed = torch.empty_like(x, dtype=normed_dtype or out.dtype, memory_format=normed_format) if norm else out
         launch(residual_kernel, (plan.tiles,),
                x, branch, gamma, x if factors is None else factors, gamma if weight is None else weight,
                gamma if bias is None else bias, out, normed, *_pixel_strides(normed)[1], *plan.sizes(eps),
                HAS_FACTORS=factors is not None, NORM=norm, **plan.options)
         # the norm's backward takes the sum again from x, which the block's first norm keeps for its own backward:
-        # keeping the sum would hold one more map of the stream
-        ctx.save_for_backward(x if norm else None, branch, gamma, factors, weight)
-        ctx.eps, ctx.stream_dtype, ctx.torch_fallback = eps, x.dtype, torch_fallback
+        # keeping the sum would hold one more map of the stream. A stage's output is the other way round: the
+        # downsample's conv keeps the sum (in fp32) and nothing keeps x
+        sum_kept = norm and as_output
+        ctx.save_for_backward((out if sum_kept else x) if norm else None, branch, gamma, factors, weight)
+        ctx.eps, ctx.stream_dtype, ctx.sum_kept, ctx.torch_fallback = eps, x.dtype, sum_kept, torch_fallback
         return (out, normed) if norm else out
 
     @staticmethod
     def backward(ctx, grad: Tensor, grad_normed: Optional[Tensor] = None):
-        inputs = (*ctx.saved_tensors, grad, grad_normed, ctx.eps, ctx.stream_dtype)
+        inputs = (*ctx.saved_tensors, grad, grad_normed, ctx.eps, ctx.stream_dtype, ctx.sum_kept)
         grads = in_kernels_or_torch(lambda: _gradients(*inputs), ctx.torch_fallback,
                                     lambda: _gradients_in_torch(*inputs))
         return (*grads[:3], None, *grads[3:], None, None, None, None)
@@ -101,9 +105,9 @@ class _ScaledResidual(torch.autograd.Function):
 
 def _gradients(x: Optional[Tensor], branch: Tensor, gamma: Tensor, factors: Optional[Tensor],
                weight: Optional[Tensor], grad: Tensor, grad_normed: Optional[Tensor], eps: float,
-               stream_dtype: torch.dtype) -> tuple:
-    """The gradients of the stream, the branch, gamma and, with the norm (and x, the stream before the branch), its
-    weight and bias."""
+               stream_dtype: torch.dtype, sum_kept: bool) -> tuple:
+    """The gradients of the stream, the branch, gamma and, with the norm (and x, the stream before the branch, or
+    where ``sum_kept`` the sum), its weight and bias."""
     norm = weight is not None
     grad = _dense_channels_last(grad)
     grad_normed, grad_normed_strides = _pixel_strides(grad_normed if norm else grad)
@@ -115,7 +119,7 @@ def _gradients(x: Optional[Tensor], branch: Tensor, gamma: Tensor, factors: Opti
            branch if x is None else x, branch, gamma, branch if factors is None else factors,
            gamma if weight is None else weight, grad,
            grad_normed, grad_stream, grad_branch, partial, *grad_normed_strides, *plan.sizes(eps),
-           plan.tiles_per_program, HAS_FACTORS=factors is not None, NORM=norm, **plan.options)
+           plan.tiles_per_program, HAS_FACTORS=factors is not None, NORM=norm, SUM_KEPT=sum_kept, **plan.options)
     sums = partial.sum(0)
     channels = plan.channels
     grads_norm = (sums[channels:2 * channels], sums[2 * channels:]) if norm else (None, None)
@@ -124,13 +128,13 @@ def _gradients(x: Optional[Tensor], branch: Tensor, gamma: Tensor, factors: Opti
 
 def _gradients_in_torch(x: Optional[Tensor], branch: Tensor, gamma: Tensor, factors: Optional[Tensor],
                         weight: Optional[Tensor], grad: Tensor, grad_normed: Optional[Tensor], eps: float,
-                        stream_dtype: torch.dtype) -> tuple:
+                        stream_dtype: torch.dtype, sum_kept: bool) -> tuple:
     """:func:`_gradients` in torch operators, where the backward's kernel fails on a GPU."""
     grad = grad.float()
     grads_norm = (None, None)
     factor = 1 if factors is None else factors.view(-1, 1, 1, 1)
     if weight is not None:
-        out = x.float() + (gamma.view(1, -1, 1, 1) * factor) * branch.float()
+        out = x.float() if sum_kept else x.float() + (gamma.view(1, -1, 1, 1) * factor) * branch.float()
         with torch.enable_grad():
             leaves = (out.requires_grad_(), weight.detach().requires_grad_(),
                       torch.zeros_like(weight, requires_grad=True))  # the bias's value changes no gradient
@@ -149,8 +153,8 @@ def scaled_residual(x: Tensor, branch: Tensor, gamma: Tensor, factors: Optional[
     where the backward's kernel fails on the GPU, the :class:`~mala_mm.ops.dispatch.Operator` that takes the operator to
     torch operators from then on, the backward's gradients in torch operators; None: the error stops the
     backward."""
-    return _ScaledResidual.apply(x, branch, gamma.reshape(-1), _flat(factors), None, None, 0.0, None,
-                                 torch.channels_last, torch_fallback)
+    return _ScaledResidual.apply(x, branch, gamma.reshape(-1), _flat(factors), None, None, 0.0, None, False,
+                                 torch_fallback)
 
 
 def scaled_residual_norm(x: Tensor, branch: Tensor, gamma: Tensor, factors: Optional[Tensor], weight: Tensor,
@@ -162,9 +166,8 @@ def scaled_residual_norm(x: Tensor, branch: Tensor, gamma: Tensor, factors: Opti
     ``as_output``, contiguous in the stream's."""
     device = x.device.type
     normed_dtype = autocast_dtype(device) if autocast_enabled(device) and not as_output else None
-    normed_format = torch.contiguous_format if as_output else torch.channels_last
     return _ScaledResidual.apply(x, branch, gamma.reshape(-1), _flat(factors), weight, bias, eps, normed_dtype,
-                                 normed_format, torch_fallback)
+                                 as_output, torch_fallback)
 
 
 def _flat(factors: Optional[Tensor]) -> Optional[Tensor]:

@@ -92,6 +92,24 @@ def test_a_stage_output_is_contiguous_in_the_stream_dtype_and_takes_a_contiguous
     assert outputs[1].is_contiguous() and outputs[1].dtype == torch.float32
 
 
+@pytest.mark.parametrize('as_output', [False, True], ids=['FFN input', 'stage output'])
+@pytest.mark.parametrize('dropping', [False, True], ids=['no drop', 'stochastic depth'])
+@IMPL_MARKS['triton']
+def test_the_kernel_keeps_one_map_of_the_stream_that_a_neighbour_keeps(as_output, dropping):
+    """For the norm's backward: the stream before the branch, which the block's first norm keeps, or at a stage's
+    output the sum, which the downsample's conv keeps (in fp32); the gradients as the naive formula's in fp64."""
+    inputs = residual_inputs((3, 64, 4, 6))
+    factors = stochastic_depth(3) if dropping else None
+    args = arguments('scaled_residual_norm', inputs, factors, as_output)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        outputs = implementation('scaled_residual_norm', 'triton')(*args)
+    kept = [t for t in saved if t.shape == inputs[0].shape and t.dtype == torch.float32]
+    assert len(kept) == 2  # and the branch, for gamma's gradient
+    assert kept[0] is (outputs[0] if as_output else inputs[0])
+    check_against_naive('scaled_residual_norm', 'triton', args)
+
+
 @IMPL_MARKS['triton']
 def test_a_backward_program_sums_several_tiles(monkeypatch):
     """With 2 rows of partial sums, a map of 3 x 11 x 13 pixels at 64 channels (32 pixels a tile) makes programs of
