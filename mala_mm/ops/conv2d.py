@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .torch_compat import HAS_CUSTOM_OPS, autocast_dtype, autocast_enabled, compiling_to_run
+from .torch_compat import HAS_CUSTOM_OPS, autocast_dtype, autocast_enabled, compiling_to_run, in_graph
 from .weight_casts import low_precision
 
 
@@ -104,3 +104,42 @@ def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: Sequence[i
             x, weight, bias = x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)
         return conv2d_op(x, weight, bias, list(stride), list(padding), groups)
     return F.conv2d(x, low_precision(weight), low_precision(bias), stride, padding, 1, groups)
+
+
+class ConvChunks(torch.autograd.Function):
+    """A 1x1 conv whose output channels split into ``chunks`` dense maps, one conv each, whose backward is one: the
+    chunks' gradients side by side, and one conv backward for the whole weight. Apart, autograd would run a conv
+    backward a chunk, add their gradients of x, and gather the weight's and the bias's; and under autocast each conv
+    would cast x, and keep its own cast. Here x is cast once, and that cast kept."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor], chunks: int) -> Tuple[Tensor, ...]:
+        device = x.device.type
+        dtype = autocast_dtype(device) if autocast_enabled(device) else torch.promote_types(x.dtype, weight.dtype)
+        x, weight = x.to(dtype), weight.to(dtype)
+        biases = (None,) * chunks if bias is None else bias.to(dtype).chunk(chunks)
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return tuple(F.conv2d(x, w, b) for w, b in zip(weight.chunk(chunks), biases))
+
+    @staticmethod
+    def backward(ctx, *grads: Optional[Tensor]):
+        x, weight = ctx.saved_tensors
+        out_channels = weight.shape[0] // len(grads)
+        grad = torch.cat([x.new_zeros(x.shape[0], out_channels, *x.shape[2:]) if g is None else g.to(x.dtype)
+                          for g in grads], dim=1)
+        grad_x, grad_weight, grad_bias = torch.ops.aten.convolution_backward(
+            grad, x, weight, [weight.shape[0]], [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
+            [ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]])
+        return grad_x, grad_weight, grad_bias, None
+
+
+def conv1x1_chunks(x: Tensor, weight: Tensor, bias: Optional[Tensor], chunks: int) -> Tuple[Tensor, ...]:
+    """A 1x1 conv of (B, C_in, H, W) x by an (n C, C_in, 1, 1) weight as ``chunks`` = n dense (B, C, H, W) maps, one
+    conv each (elementwise operators run several times faster on dense maps than on channel slices of one); in eager
+    training through :class:`ConvChunks`, whose backward is one conv's. Weight and bias as the convs read them (the
+    backbone's low-precision copies under autocast)."""
+    if torch.is_grad_enabled() and not in_graph():
+        return ConvChunks.apply(x, weight, bias, chunks)
+    biases = (None,) * chunks if bias is None else bias.chunk(chunks)
+    return tuple(conv2d(x, w, b) for w, b in zip(weight.chunk(chunks), biases))

@@ -9,6 +9,7 @@ from typing import Optional, Tuple
 
 from torch import Tensor, nn
 
+from ...ops.conv2d import conv1x1_chunks
 from ...ops.depthwise import gated_depthwise_conv
 from ...ops.dispatch import uses_triton
 from ...ops.mala_attention import mala_attention
@@ -24,9 +25,9 @@ class QKVOProjection(Conv2d):
 
     One conv of 4C output channels (as released). Where the Triton kernels run (``impl``, see
     :func:`~mala_mm.ops.dispatch.uses_triton`), which read strided maps in place, it runs as one conv and the maps are
-    channel slices of its output: one launch where autocast adds a cast of x to each conv. Elsewhere it runs as four
-    convs over views of its weight, so that each map comes out dense: the torch operators run elementwise ops on
-    strided views several times slower.
+    channel slices of its output. Elsewhere it runs as four convs over views of its weight, so that each map comes out
+    dense: the torch operators run elementwise ops on strided views several times slower
+    (:func:`~mala_mm.ops.conv2d.conv1x1_chunks`, whose backward is one conv's).
     """
 
     def __init__(self, embed_dims: int, impl: str = 'torch'):
@@ -36,8 +37,7 @@ class QKVOProjection(Conv2d):
     def forward(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
         if uses_triton(self.impl, x):
             return tuple(self.one_map(x).chunk(4, dim=1))
-        weights, biases = low_precision(self.weight).chunk(4), low_precision(self.bias).chunk(4)
-        return tuple(self._conv_forward(x, weight, bias) for weight, bias in zip(weights, biases))
+        return conv1x1_chunks(x, low_precision(self.weight), low_precision(self.bias), 4)
 
     def one_map(self, x: Tensor) -> Tensor:
         """The one conv's (B, 4C, H, W) output."""

@@ -1,11 +1,13 @@
-"""mala_mm.ops.conv2d: the convolution as one operator inside a compiled graph, under autocast and across sizes."""
+"""mala_mm.ops.conv2d: the convolution as one operator inside a compiled graph, under autocast and across sizes; the
+1x1 conv as dense chunks with one conv's backward."""
 import pytest
 import torch
 import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
+from tests.helpers.launches import LaunchRecord
 from tests.helpers.low_precision import DTYPES
-from mala_mm.ops.conv2d import conv2d
+from mala_mm.ops.conv2d import conv1x1_chunks, conv2d
 
 
 @pytest.fixture(autouse=True)
@@ -56,3 +58,46 @@ def test_compiled_convolution_keeps_one_graph_across_sizes():
         x = torch.randn(1, 3, height, width)
         torch.testing.assert_close(compiled(x), F.conv2d(x, weight, bias, 2, 1))
     assert counters['stats']['unique_graphs'] == 1
+
+
+def chunk_inputs(dtype=torch.float32):
+    x = torch.randn(2, 12, 5, 7, dtype=dtype).contiguous(memory_format=torch.channels_last).requires_grad_()
+    weight = torch.randn(4 * 8, 12, 1, 1, dtype=dtype) / 4
+    return x, weight.requires_grad_(), torch.randn(32, dtype=dtype).requires_grad_()
+
+
+def test_conv1x1_chunks_are_the_conv_and_its_gradients_those_of_one_conv(monkeypatch):
+    """In fp64, the four maps the whole conv's channel slices, dense, and the gradients of a loss that weighs each map
+    differently those of the whole conv; the backward one conv backward after the gradients side by side."""
+    x, weight, bias = chunk_inputs(torch.float64)
+    record = LaunchRecord(monkeypatch)
+    with record:
+        maps = conv1x1_chunks(x, weight, bias, 4)
+    assert record.take() == ['aten.convolution'] * 4
+    expected = F.conv2d(x, weight, bias).chunk(4, dim=1)
+    weights = [torch.randn_like(m) for m in maps]
+    loss = sum((m * w).sum() for m, w in zip(maps, weights))
+    with record:
+        grads = torch.autograd.grad(loss, (x, weight, bias))
+    assert record.take()[-2:] == ['aten.cat', 'aten.convolution_backward']
+    expected_grads = torch.autograd.grad(sum((m * w).sum() for m, w in zip(expected, weights)), (x, weight, bias))
+    for ours, theirs in zip([*maps, *grads], [*expected, *expected_grads]):
+        torch.testing.assert_close(ours, theirs)
+    assert all(m.is_contiguous(memory_format=torch.channels_last) for m in maps)
+
+
+@pytest.mark.parametrize('dtype', DTYPES)
+def test_conv1x1_chunks_cast_x_once_under_autocast(dtype):
+    """One cast of x, kept for the backward, where four convs would cast and keep four; values as autocast's."""
+    x, weight, bias = chunk_inputs()
+    saved = []
+    with torch.autocast('cpu', dtype=dtype):
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            maps = conv1x1_chunks(x, weight, bias, 4)
+        expected = [F.conv2d(x, w, b) for w, b in zip(weight.chunk(4), bias.chunk(4))]
+    assert [t.dtype for t in saved if t.shape == x.shape] == [dtype]
+    for ours, theirs in zip(maps, expected):
+        assert ours.dtype == dtype
+        torch.testing.assert_close(ours, theirs)
+    sum(m.float().sum() for m in maps).backward()
+    assert x.grad.dtype == torch.float32 and weight.grad.dtype == torch.float32
