@@ -187,6 +187,27 @@ def test_under_autocast_the_kernel_keeps_the_fp32_stream_in_autocast_dtype():
         assert_matches_fp64(grad, expected, name)
 
 
+@pytest.mark.parametrize('autocast', [None, torch.bfloat16], ids=['fp32', 'bf16 autocast'])
+def test_the_torch_operators_keep_x_alone_through_gelu(monkeypatch, autocast):
+    """In training, GELU's output is not kept beside its input: the backward takes it again, one launch more (the
+    gradients against the naive formula's: test_residual_depthwise_conv_matches_naive_in_fp64)."""
+    record = LaunchRecord(monkeypatch)
+    x, weight, bias, _, tap = residual_inputs((2, 20, 5, 6), torch.bfloat16 if autocast else torch.float32,
+                                              device=torch.device('cpu'))
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t), record, \
+            torch.autocast('cpu', dtype=autocast, enabled=autocast is not None):
+        out = implementation('residual_depthwise_conv', 'torch')(x, weight, bias, True, tap)
+    assert [t for t in saved if t.shape == x.shape] == [x]
+    forward = record.take()
+    grad = torch.randn_like(out)
+    with record:
+        out.backward(grad)
+    backward = record.take()
+    assert backward.count('aten.gelu') == 1 and 'aten.gelu_backward' in backward
+    assert forward.count('aten.gelu') == 1
+
+
 def test_the_centre_tap_adds_the_residual_in_the_conv_in_fp32():
     """One pass over the map, ``DWConv(x)`` with the centre tap added to the kernel: in fp32 as exact as the conv
     and the add (fp16 would round 1 + 1e-3 t to steps of 2^-10)."""
