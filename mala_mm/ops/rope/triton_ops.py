@@ -13,7 +13,7 @@ import torch
 import triton
 from torch import Tensor
 
-from ..triton_helpers import strides
+from ..triton_helpers import strides, unit_stride
 from ..triton_launch import GPU, in_kernels_or_torch, launch, torch_gradients
 from .kernels import rotate_qk_kernel
 from .naive import split_heads
@@ -58,13 +58,6 @@ def _launch(sources: list, outputs: list, cos: Tensor, sin: Tensor, num_heads: i
            num_heads, num_tokens, head_dims, **options)
 
 
-def _dense_heads(grad: Optional[Tensor], like: Tensor) -> Tensor:
-    """A gradient of (B, h, N, d) heads as the kernel reads it: unit channel stride (zeros where autograd gave none)."""
-    if grad is None:
-        return torch.zeros_like(like)
-    return grad if grad.stride(-1) == 1 else grad.contiguous()
-
-
 class _RotateQK(torch.autograd.Function):
 
     @staticmethod
@@ -80,7 +73,7 @@ class _RotateQK(torch.autograd.Function):
         ctx.save_for_backward(cos, sin)
         ctx.num_heads, ctx.tables_type, ctx.torch_fallback = num_heads, tables_type, torch_fallback
         ctx.map_shape, ctx.map_dtype = qkvo.shape, qkvo.dtype
-        return q, k, maps[2].view_as(maps[2]), maps[3].view_as(maps[3])
+        return q, k, maps[2], maps[3]
 
     @staticmethod
     def backward(ctx, grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, grad_o: Tensor):
@@ -88,8 +81,8 @@ class _RotateQK(torch.autograd.Function):
         grad_map = torch.empty(ctx.map_shape, dtype=ctx.map_dtype, device=cos.device,
                                memory_format=torch.channels_last)
         outputs = _heads(grad_map.chunk(4, dim=1), ctx.num_heads)
-        sources = [_dense_heads(g, like) for g, like in zip(
-            (grad_q, grad_k, *_heads((grad_v, grad_o), ctx.num_heads)), outputs)]
+        # autograd hands zeros for an output that took no gradient
+        sources = [unit_stride(g) for g in (grad_q, grad_k, *_heads((grad_v, grad_o), ctx.num_heads))]
 
         def in_kernels():
             _launch(sources, outputs, cos, sin, ctx.num_heads, backward=True)

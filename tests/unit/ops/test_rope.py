@@ -88,3 +88,18 @@ def test_naive_rotation_is_the_complex_product_by_the_spec_angles():
     tables = RoPE2d(head_dims).tables(HEIGHT, WIDTH, torch.float64)
     assert all(t.shape == (HEIGHT * WIDTH, head_dims) and t.dtype == torch.float64 for t in tables)
     torch.testing.assert_close(naive.apply_rope(x, tables), expected)
+
+
+@IMPL_MARKS['triton']
+def test_the_kernel_takes_the_gradients_of_some_outputs_only():
+    """Where the loss reads q and k alone (v and o get no gradient), the map's gradient is zero at v and o."""
+    device = device_of('triton')
+    leaf = qkvo_map(torch.float32, device)
+    tables = RoPE2d(HEAD_DIMS).to(device).tables(HEIGHT, WIDTH)
+    q, k, _, _ = implementation('rotate_qk', 'triton')(leaf.clone(), tables, HEADS)
+    grad, = torch.autograd.grad((q * k).sum(), leaf)
+    exact_leaf, exact_tables = fp64_copies([leaf, tables])
+    q, k, _, _ = naive.rotate_qk(exact_leaf, exact_tables, HEADS)
+    exact, = torch.autograd.grad((q * k).sum(), exact_leaf)
+    assert_matches_fp64(grad, exact)
+    assert not grad[:, 2 * HEADS * HEAD_DIMS:].any()
