@@ -201,7 +201,8 @@ class KernelCounter(TorchDispatchMode):
             inputs = _tensors(list(args) + list((kwargs or {}).values()))
             nbytes = _bytes(inputs) + _bytes(_tensors(out))
             if name.startswith('_foreach_'):
-                lists = [list(arg) for arg in args if isinstance(arg, (list, tuple))]
+                lists = [list(arg) for arg in args if isinstance(arg, (list, tuple)) and arg and
+                         all(isinstance(t, torch.Tensor) for t in arg)]  # not a list of scalars
                 self.record(self._current_part(), nbytes, launches=foreach_launches(lists),
                             cast=name == '_foreach_copy_' and lists[0][0].dtype != lists[1][0].dtype)
             else:
