@@ -19,8 +19,8 @@ def gelu_grad_kernel(x_ptr, grad_ptr, mean_ptr, invstd_ptr, weight_ptr, bias_ptr
     x = tl.load(x_ptr + offsets, mask=valid, other=0.0).to(tl.float32)
     grad = tl.load(grad_ptr + offsets, mask=valid, other=0.0).to(tl.float32)
     mean = tl.load(mean_ptr + chans, mask=in_chans, other=0.0)
-    scale = tl.load(invstd_ptr + chans, mask=in_chans, other=0.0) * tl.load(weight_ptr + chans, mask=in_chans,
-                                                                             other=0.0).to(tl.float32)
-    normed = (x - mean[None, :]) * scale[None, :] + tl.load(bias_ptr + chans, mask=in_chans,
-                                                            other=0.0).to(tl.float32)[None, :]
+    invstd = tl.load(invstd_ptr + chans, mask=in_chans, other=0.0)
+    weight = tl.load(weight_ptr + chans, mask=in_chans, other=0.0).to(tl.float32)
+    bias = tl.load(bias_ptr + chans, mask=in_chans, other=0.0).to(tl.float32)
+    normed = (x - mean[None, :]) * (invstd * weight)[None, :] + bias[None, :]
     tl.store(out_ptr + offsets, (grad * gelu_slope(normed)).to(out_ptr.dtype.element_ty), mask=valid)
