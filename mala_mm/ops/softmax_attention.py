@@ -6,7 +6,8 @@ from typing import Optional
 import torch.nn.functional as F
 from torch import Tensor
 
-from .rope import RotaryTables, apply_rope
+from .rope import RotaryTables
+from .rope import torch_ops as rope_ops
 
 
 def softmax_attention(q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables] = None) -> Tensor:
@@ -17,5 +18,5 @@ def softmax_attention(q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTabl
             where q and k come rotated (or take no RoPE).
     """
     if rope is not None:
-        q, k = apply_rope(q, rope), apply_rope(k, rope)
+        q, k = rope_ops.apply_rope(q, rope), rope_ops.apply_rope(k, rope)
     return F.scaled_dot_product_attention(q, k, v)

@@ -77,7 +77,8 @@ def labelled_parts(model: MALA) -> Iterator[None]:
             core = 'attention: MALA core (phi, z, beta, matmuls)' if isinstance(module, MALAttention) \
                 else 'attention: softmax (SDPA)'
             module.attend = labelled(module.attend, core)
-    # both torch operator modules that rotate call apply_rope by its global name
+    # the torch operators that rotate call apply_rope by its global name in these two modules (softmax attention
+    # through rope's)
     original_rope = rope_ops.apply_rope
     attention_ops.apply_rope = rope_ops.apply_rope = labelled(original_rope, 'attention: RoPE rotation')
     try:
