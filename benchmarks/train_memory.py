@@ -6,9 +6,8 @@ process (SyncBN as BN, which leaves the stem's norms to torch's operators, as Sy
 its CUDA path (``impl='triton'``, launches recorded as kernel_count records them). Its training step is counted at
 the recipes' largest training input, COCO's 1333x800 (padded to 1344x800) or ADE20K's 512x512 crops, in the config's
 precision (fp16 autocast where it trains with AmpOptimWrapper, counted under bf16 autocast, which casts the same
-operators to as many bytes; else fp32), at one image and at two. mmcv's CPU
-RoIAlign and NMS have no fp16 kernels: the count runs them on fp32 copies that it does not count, as a GPU's fp16
-kernels make none.
+operators to as many bytes; else fp32), at two batches (COUNTED_BATCHES). mmcv's CPU RoIAlign and NMS have no fp16
+kernels: the count runs them on fp32 copies that it does not count, as a GPU's fp16 kernels make none.
 
 The step is the loss's forward and backward and AdamW's multi-tensor step, as on a GPU. Counted, a GPU holds at b
 images the parameters in fp32 and AdamW's two fp32 moments of each trainable one (the gradients are the step's
