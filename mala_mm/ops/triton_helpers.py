@@ -3,6 +3,7 @@
 layouts that the launchers read and write."""
 from typing import Tuple
 
+import torch
 import triton
 import triton.language as tl
 from torch import Tensor
@@ -77,6 +78,19 @@ def heads_of_channels_last_map(like: Tensor) -> Tensor:
     attention's skeleton turns it back into that map without a copy, and flash attention reads it as it is."""
     batch, heads, num_tokens, head_dims = like.shape
     return like.new_empty((batch, num_tokens, heads, head_dims)).transpose(1, 2)
+
+
+def channel_tile_shape(channels: int) -> Tuple[int, int]:
+    """(BLOCK_P, BLOCK_C) of a tile of pixels by channels of a channels-last map: 1024 elements, at most 32 channels
+    (MALA's maps have multiples of 32: no tile half empty), which the depth-wise and elementwise kernels compile
+    without spilling on every GPU Triton serves (tools/compile_kernels.py)."""
+    block_c = min(32, triton.next_power_of_2(channels))
+    return 1024 // block_c, block_c
+
+
+def dense_channels_last(t: Tensor) -> Tensor:
+    """t, or a copy of it, as a dense channels-last map: kernels that address (pixel, channel) as pixel * C + c."""
+    return t.contiguous(memory_format=torch.channels_last)
 
 
 def unit_stride(t: Tensor) -> Tensor:

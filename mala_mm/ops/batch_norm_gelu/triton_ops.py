@@ -12,25 +12,16 @@ import torch.nn.functional as F
 import triton
 from torch import Tensor
 
+from ..triton_helpers import channel_tile_shape, dense_channels_last
 from ..triton_launch import GPU, in_kernels_or_torch, launch, torch_gradients
 from .kernels import gelu_grad_kernel
-
-
-def tile_shape(channels: int) -> Tuple[int, int]:
-    """(BLOCK_P, BLOCK_C): 1,024 elements a tile, at most 32 channels."""
-    block_c = min(32, triton.next_power_of_2(channels))
-    return 1024 // block_c, block_c
 
 
 def batch_norm_gelu_variants(gpu: GPU) -> Iterator[Tuple[object, dict]]:
     """(kernel, its options) of each variant the launcher makes (the same on every GPU): MALA's stems have 32 or 48
     channels."""
-    block_p, block_c = tile_shape(32)
+    block_p, block_c = channel_tile_shape(32)
     yield gelu_grad_kernel, dict(BLOCK_P=block_p, BLOCK_C=block_c)
-
-
-def _dense_channels_last(t: Tensor) -> Tensor:
-    return t.contiguous(memory_format=torch.channels_last)
 
 
 class _BatchNormGELU(torch.autograd.Function):
@@ -38,7 +29,7 @@ class _BatchNormGELU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor, running_mean: Optional[Tensor],
                 running_var: Optional[Tensor], momentum: float, eps: float, torch_fallback: Optional[Callable]):
-        x = _dense_channels_last(x)
+        x = dense_channels_last(x)
         normed, mean, invstd = torch.native_batch_norm(x, weight, bias, running_mean, running_var, True, momentum,
                                                        eps)
         ctx.save_for_backward(x, weight, bias, mean, invstd)
@@ -48,12 +39,12 @@ class _BatchNormGELU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         x, weight, bias, mean, invstd = ctx.saved_tensors
-        grad = _dense_channels_last(grad)
+        grad = dense_channels_last(grad)
 
         def in_kernels():
             batch, channels, height, width = x.shape
             grad_normed = torch.empty_like(x)
-            block_p, block_c = tile_shape(channels)
+            block_p, block_c = channel_tile_shape(channels)
             num_pixels = batch * height * width
             launch(gelu_grad_kernel, (triton.cdiv(num_pixels, block_p), triton.cdiv(channels, block_c)), x, grad, mean,
                    invstd, weight, bias, grad_normed, channels, num_pixels, BLOCK_P=block_p, BLOCK_C=block_c)

@@ -7,7 +7,7 @@ import triton
 from torch import Tensor
 
 from ..torch_compat import autocast_dtype, autocast_enabled
-from ..triton_helpers import MAX_PARTIAL_ROWS
+from ..triton_helpers import MAX_PARTIAL_ROWS, channel_tile_shape
 from ..triton_launch import (GPU, INTERPRETER_GPU, gpu_of, in_kernels_or_torch, launch, registers_a_thread,
                              torch_gradients)
 from .grad_kernels import gated_conv_grad_kernel, residual_conv_grad_kernel
@@ -30,14 +30,6 @@ def _check_shapes(name: str, like: Tensor, weight: Tensor, bias: Tensor):
             or bias.shape != (like.shape[1],)):
         raise ValueError(f'{name}: expected (B, C, H, W) maps, a (C, 1, k, k) weight with k odd and a (C,) bias, got '
                          f'{tuple(like.shape)}, {tuple(weight.shape)} and {tuple(bias.shape)}')
-
-
-def tile_shape(channels: int) -> Tuple[int, int]:
-    """(BLOCK_P, BLOCK_C) of a map of ``channels`` channels on a GPU: 1024 elements a tile over 8 warps, 4 a
-    thread, which compile without spilling on every GPU Triton serves (tools/compile_kernels.py). MALA's maps have
-    multiples of 32 channels: no tile half empty."""
-    block_c = min(32, triton.next_power_of_2(channels))
-    return 1024 // block_c, block_c
 
 
 def residual_depthwise_conv_variants(gpu: GPU) -> Iterator[Tuple[object, dict]]:
@@ -65,7 +57,7 @@ class DepthwisePlan:
         batch, self.channels, height, width = like.shape
         num_pixels = batch * height * width
         self.kernel = weight.shape[-1]
-        block_p, block_c = tile_shape(self.channels)
+        block_p, block_c = channel_tile_shape(self.channels)  # over 8 warps: 4 elements a thread
         if gpu is INTERPRETER_GPU:
             # Triton's interpreter pays for each operation as well as for each element: there a backbone's maps take
             # at most about eight tiles of pixels (the tests' small maps keep the GPU's tiles and cross their

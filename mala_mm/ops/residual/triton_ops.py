@@ -8,7 +8,7 @@ import triton
 from torch import Tensor
 
 from ..torch_compat import autocast_dtype, autocast_enabled
-from ..triton_helpers import MAX_PARTIAL_ROWS
+from ..triton_helpers import MAX_PARTIAL_ROWS, dense_channels_last
 from ..triton_launch import GPU, in_kernels_or_torch, launch, registers_a_thread
 from .kernels import residual_grad_kernel, residual_kernel
 
@@ -16,17 +16,12 @@ from .kernels import residual_grad_kernel, residual_kernel
 TILE_ELEMENTS = 2048
 
 
-def _dense_channels_last(t: Tensor) -> Tensor:
-    """t, or a copy of it, as a dense channels-last map: the kernels address (pixel, channel) as pixel * C + c."""
-    return t.contiguous(memory_format=torch.channels_last)
-
-
 def _pixel_strides(t: Tensor) -> Tuple[Tensor, Tuple[int, int, int]]:
     """t, or a channels-last copy of it, and its strides over batch items, pixels (row-major) and channels: a
     channels-last or a contiguous map is read as it is."""
     _, _, height, width = t.shape
     if height > 1 and width > 1 and t.stride(2) != width * t.stride(3):
-        t = _dense_channels_last(t)
+        t = dense_channels_last(t)
     return t, (t.stride(0), t.stride(3) if width > 1 else t.stride(2), t.stride(1))
 
 
@@ -75,7 +70,7 @@ class _ScaledResidual(torch.autograd.Function):
     def forward(ctx, x: Tensor, branch: Tensor, gamma: Tensor, factors: Optional[Tensor], weight: Optional[Tensor],
                 bias: Optional[Tensor], eps: float, normed_dtype: Optional[torch.dtype], as_output: bool,
                 torch_fallback: Optional[Callable]):
-        x, branch = _dense_channels_last(x), _dense_channels_last(branch)
+        x, branch = dense_channels_last(x), dense_channels_last(branch)
         plan = ResidualPlan(x)
         norm = weight is not None
         # the dtype torch's addcmul would give: the fp32 layer scale lifts a low-precision stream (the stem's output
@@ -109,7 +104,7 @@ def _gradients(x: Optional[Tensor], branch: Tensor, gamma: Tensor, factors: Opti
     """The gradients of the stream, the branch, gamma and, with the norm (and x, the stream before the branch, or
     where ``sum_kept`` the sum), its weight and bias."""
     norm = weight is not None
-    grad = _dense_channels_last(grad)
+    grad = dense_channels_last(grad)
     grad_normed, grad_normed_strides = _pixel_strides(grad_normed if norm else grad)
     plan = ResidualPlan(branch)
     grad_stream = torch.empty_like(branch, dtype=stream_dtype) if norm else grad.to(stream_dtype)
