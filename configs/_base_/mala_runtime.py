@@ -7,4 +7,11 @@
 # (mala_mm.engine.hooks), and the count of optimizer steps that fp16's loss scaler skipped, which stops a run that
 # skips more than a tenth of them (mala_mm.engine.skipped_steps).
 custom_imports = dict(imports=['mala_mm', 'mala_mm.engine', 'mala_mm.safe_loading'], allow_failed_imports=False)
-custom_hooks = [dict(type='IterationSeedHook'), dict(type='SyncNormStatsHook'), dict(type='SkippedStepsHook')]
+# A config adds them to default_hooks (default_hooks = dict(**_base_.mala_hooks, ...)), a dict that a config over
+# it merges into, so that a user's own custom_hooks, a list, which replaces, adds to them; the Runner registers
+# every hook by its priority, wherever it is named. (Named here as default_hooks, they would clash with the
+# default_hooks of the mmdet or mmseg base beside this file.)
+mala_hooks = dict(
+    iteration_seed=dict(type='IterationSeedHook'),
+    sync_norm_stats=dict(type='SyncNormStatsHook'),
+    skipped_steps=dict(type='SkippedStepsHook'))

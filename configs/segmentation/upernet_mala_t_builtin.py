@@ -43,5 +43,6 @@ default_hooks = dict(
     param_scheduler=dict(type='ParamSchedulerHook'),
     checkpoint=dict(_base_.builtin_checkpoint, type='AtomicCheckpointHook', interval=max_iters),
     sampler_seed=dict(type='DistSamplerSeedHook'),
-    visualization=dict(type='SegVisualizationHook'))
+    visualization=dict(type='SegVisualizationHook'),
+    **_base_.mala_hooks)
 log_processor = dict(window_size=_base_.log_interval)  # mmseg's runtime logs by iteration

@@ -74,9 +74,9 @@ def assert_same_weights(path_a, path_b):
 
 def with_buffer_dumps(folder, sync_norm_stats=True):
     """CONFIG whose processes save their buffers after training (SaveBuffersHook)."""
-    hooks = ["dict(type='IterationSeedHook')", *(["dict(type='SyncNormStatsHook')"] if sync_norm_stats else []),
-             f"dict(type='SaveBuffersHook', folder='{folder}')"]
-    return config_with_hooks(folder / ('dumped.py' if sync_norm_stats else 'dumped_unsynced.py'), CONFIG, hooks)
+    return config_with_hooks(folder / ('dumped.py' if sync_norm_stats else 'dumped_unsynced.py'), CONFIG,
+                             [f"dict(type='SaveBuffersHook', folder='{folder}')"],
+                             leave_out=() if sync_norm_stats else ['sync_norm_stats'])
 
 
 def norm_statistics(folder, rank):
@@ -130,7 +130,6 @@ def test_a_killed_rank_is_restarted_and_resumes_to_the_uninterrupted_weights(bui
     # rank 1 is killed after iteration 6 (the checkpoint of iteration 4 is the latest), then, after the restart,
     # rank 0 is killed half-way through writing the checkpoint of iteration 8
     faulty = config_with_hooks(tmp_path / 'faulty.py', CONFIG, [
-        "dict(type='IterationSeedHook')", "dict(type='SyncNormStatsHook')",
         f"dict(type='KillRankOnceHook', iteration=6, rank=1, marker='{tmp_path}/killed_at_6')",
         f"dict(type='KillWhileSavingOnceHook', iteration=8, rank=0, marker='{tmp_path}/killed_saving_8')"])
     output = run_ok(['dist_train.sh', faulty, '2', '--max-restarts', '3', '--work-dir', str(interrupted),

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 def config_with(cwd, name, hooks, checkpoint_hook='AtomicCheckpointHook'):
     """The built-in segmentation config, keeping one checkpoint, with the fault-injection ``hooks`` added."""
     return config_with_hooks(
-        cwd / f'{name}.py', SEG_CONFIG, ["dict(type='IterationSeedHook')", *hooks],
+        cwd / f'{name}.py', SEG_CONFIG, hooks,
         f"default_hooks = dict(checkpoint=dict(type={checkpoint_hook!r}, interval={INTERVAL}, max_keep_ckpts=1))")
 
 

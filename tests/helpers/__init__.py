@@ -98,14 +98,18 @@ def git_env(home) -> dict:
             'GIT_COMMITTER_NAME': 'Test', 'GIT_COMMITTER_EMAIL': 'test@example.com'}
 
 
-def config_with_hooks(path, base: str, hooks, *lines: str) -> str:
+def config_with_hooks(path, base: str, hooks, *lines: str, leave_out=()) -> str:
     """Write, at ``path``, the config ``base`` with ``hooks`` (config source of hook dicts) as its custom hooks,
-    the hooks of tests/helpers/fault_injection.py registered (the run has HELPERS_DIR on its PYTHONPATH), and any
-    further config ``lines``; returns the path."""
+    beside the default hooks it has (this project's among them) but those named in ``leave_out``, the hooks of
+    tests/helpers/fault_injection.py registered (the run has HELPERS_DIR on its PYTHONPATH), and any further config
+    ``lines``; returns the path."""
+    # mmengine's Runner takes None for its own default hooks only, so a hook is left out by rewriting the dict
+    kept = (f"default_hooks = dict(_delete_=True, **{{name: hook for name, hook in _base_.default_hooks.items() "
+            f"if name not in {sorted(leave_out)!r}}})\n") if leave_out else ''
     path.write_text(
         f'_base_ = [{str(base)!r}]\n'
         "custom_imports = dict(imports=['mala_mm', 'fault_injection'], allow_failed_imports=False)\n"
-        f"custom_hooks = [{', '.join(hooks)}]\n" + ''.join(f'{line}\n' for line in lines))
+        f"custom_hooks = [{', '.join(hooks)}]\n" + kept + ''.join(f'{line}\n' for line in lines))
     return str(path)
 
 

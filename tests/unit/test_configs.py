@@ -56,7 +56,7 @@ import importlib, json
 from mmengine.config import Config
 cfg = Config.fromfile({str(CONFIG_ROOT / config)!r})
 registry = importlib.import_module(cfg.default_scope + '.registry')
-hooks = [hook['type'] for hook in [*cfg.default_hooks.values(), *cfg.custom_hooks]]
+hooks = [hook['type'] for hook in [*cfg.default_hooks.values(), *cfg.get('custom_hooks', [])]]
 found = dict(MALA=registry.MODELS.get(cfg.model.backbone.type), CPUAmpOptimWrapper=registry.OPTIM_WRAPPERS.get(
     'CPUAmpOptimWrapper'), **{{hook: registry.HOOKS.get(hook) for hook in hooks}})
 print(json.dumps(dict(hooks=hooks, missing=[name for name, cls in found.items() if cls is None])))

@@ -5,3 +5,5 @@ _base_ = [
 ]
 
 train_dataloader = dict(batch_size=2)
+# this project's hooks, beside the schedule's (mmseg's schedules set the default hooks)
+default_hooks = _base_.mala_hooks

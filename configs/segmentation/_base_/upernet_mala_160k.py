@@ -5,4 +5,6 @@ _base_ = [
 ]
 
 train_dataloader = dict(batch_size=2)
+# this project's hooks, beside the schedule's (mmseg's schedules set the default hooks)
+default_hooks = _base_.mala_hooks
 optim_wrapper = dict(paramwise_cfg=_base_.no_decay_if_named_norm)
