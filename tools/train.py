@@ -5,15 +5,19 @@
 """
 import argparse
 
-import torch
+import sys
 
+import torch
+from mmengine.dist import get_world_size
+
+from mala_tools.checks.batch import batch_notice
 from mala_tools.checks.config_keys import config_errors, warn_about_config
 from mala_tools.checks.head_classes import head_class_problems
 from mala_tools.checks.preflight import data_problems, missing_weight_files, preflight
 from mala_tools.config import add_common_args, load_config
 from mala_tools.device import require_gpus_where_the_machine_has_them
 from mala_tools.distributed import setup_distributed
-from mala_tools.errors import tool_main
+from mala_tools.errors import is_main_process, tool_main
 from mala_tools.machine_fit import fit_optim_wrapper_to_device, report_changes
 from mala_tools.runner import build_runner, ending_the_run
 
@@ -53,6 +57,9 @@ def main():
         cfg.resume, cfg.load_from = True, args.resume
     changes += setup_distributed(cfg)
     report_changes(changes)
+    notice = batch_notice(cfg, get_world_size())
+    if notice and is_main_process():
+        print(notice, file=sys.stderr)
     warn_about_config(cfg, args.config)
     load_from_name = 'load_from' if args.resume in (None, 'auto') else '--resume checkpoint'
     loaders = ('train_dataloader', 'val_dataloader')

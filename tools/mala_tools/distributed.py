@@ -12,11 +12,27 @@ from .errors import fail
 from .machine_fit import ConfigChange, sync_bn_to_bn
 
 
+# the ports slurm jobs take, below Linux's ephemeral ports (32768 and up), which outgoing connections take
+SLURM_PORTS = range(20000, 30000)
+
+
+def slurm_port(job_id: str) -> int:
+    """The port the processes of slurm job ``job_id`` meet at: one per job, so that two jobs sharing a node do not
+    take the same port (jobs whose ids differ by a multiple of 10,000 would)."""
+    return SLURM_PORTS[int(job_id) % len(SLURM_PORTS)]
+
+
+def _slurm_port_unless_set():
+    """MASTER_PORT, for a process started by srun, from its job's id where the environment sets none."""
+    if 'MASTER_PORT' not in os.environ:
+        os.environ['MASTER_PORT'] = str(slurm_port(os.environ['SLURM_JOB_ID']))
+
+
 def _slurm_environment():
     """RANK, WORLD_SIZE, MASTER_ADDR, ... of a process started by srun, as torchrun would set them."""
     nodes = subprocess.getoutput(f'scontrol show hostname {os.environ["SLURM_NODELIST"]}').split()
     os.environ.setdefault('MASTER_ADDR', nodes[0])
-    os.environ.setdefault('MASTER_PORT', '29500')
+    _slurm_port_unless_set()
     os.environ['RANK'] = os.environ['SLURM_PROCID']
     os.environ['WORLD_SIZE'] = os.environ['SLURM_NTASKS']
     os.environ['LOCAL_RANK'] = os.environ['SLURM_LOCALID']
@@ -30,6 +46,8 @@ def setup_distributed(cfg) -> List[ConfigChange]:
     if cfg.launcher == 'none':
         return []
     if torch.cuda.is_available():
+        if cfg.launcher == 'slurm':
+            _slurm_port_unless_set()  # mmengine's init_dist would take 29500, which two jobs on a node share
         init_dist(cfg.launcher, **cfg.get('env_cfg', {}).get('dist_cfg', {}))
         return []
     if cfg.launcher == 'slurm':
