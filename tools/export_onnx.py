@@ -1,7 +1,8 @@
 """Export an mmdet/mmseg model, or its backbone, to ONNX and check the graph in ONNX Runtime.
 
-    python tools/export_onnx.py CONFIG [CHECKPOINT] --out FILE [--shape H W] [--dynamic] [--opset N]
+    python tools/export_onnx.py CONFIG CHECKPOINT --out FILE [--shape H W] [--dynamic] [--opset N]
                                 [--backbone-only | --nms] [--exporter dynamo|torchscript] [--image FILE]
+    python tools/export_onnx.py CONFIG --random-weights --out FILE ...    # the untrained model: a check of the export
 
 The graph takes a (B, 3, H, W) float32 image, 0-255, channels as the config's pipeline loads them, and
 normalises it inside. After writing FILE the tool runs it in ONNX Runtime at the export size and, with
@@ -31,8 +32,10 @@ FLAGS = {'`shape`': '--shape', '`nms=True`': '--nms', '`backbone_only=True`': '-
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('config', help='an mmdet or mmseg config file')
-    parser.add_argument('checkpoint', nargs='?',
-                        help='trained weights (default: untrained, as the modules construct them)')
+    parser.add_argument('checkpoint', nargs='?', help='the trained weights')
+    parser.add_argument('--random-weights', action='store_true',
+                        help='without CHECKPOINT: export the weights as the modules construct them, to try the '
+                        'export itself (not a model to deploy)')
     parser.add_argument('--out', required=True, help='the .onnx file to write')
     parser.add_argument('--shape', type=int, nargs='+', metavar='N', help='export input H W (default: the '
                         "config's crop_size for segmentors, 800 1344 for detectors)")
@@ -85,6 +88,25 @@ def check_images(image: Optional[torch.Tensor], export_size, dynamic: bool, gene
     return [image, nn.functional.interpolate(image, size=unseen_shape(*image.shape[2:]), mode='bilinear')]
 
 
+def check_weights_named(checkpoint: Optional[str], random_weights: bool):
+    if checkpoint is None and not random_weights:
+        fail('no CHECKPOINT: name the trained weights, or pass --random-weights to export the untrained model '
+             '(to try the export itself)')
+    if checkpoint is not None and random_weights:
+        fail(f'CHECKPOINT {checkpoint} and --random-weights: give one of the two')
+
+
+def check_whole_image_inference(cfg, config: str):
+    """Stop where mmseg tests the segmentor window by window: the graph computes the whole image at once, whose
+    logits differ from those of mmseg's test, and the check would compare it with the same whole-image inference."""
+    test_cfg = cfg.model.get('test_cfg') or {}
+    if test_cfg.get('mode') == 'slide':
+        fail(f"{config}: model.test_cfg.mode='slide': mmseg tests this segmentor in {test_cfg.get('crop_size')} "
+             f"windows at stride {test_cfg.get('stride')}, and the graph computes the whole image at once, whose "
+             'logits differ from those of its test; to export and check whole-image inference, add --cfg-options '
+             "model.test_cfg.mode=whole (then test that config with mmseg's tools/test.py to know its mIoU)")
+
+
 def fail_in_flags(err: Exception) -> NoReturn:
     """Stop with the export library's message, its parameters named by the flags that set them."""
     message = str(err)
@@ -102,6 +124,7 @@ def check_deploy_packages(exporter: str):
 
 def main():
     args = parse_args()
+    check_weights_named(args.checkpoint, args.random_weights)
     check_deploy_packages(args.exporter)
     from mala_mm.export import (ExportError, ImageToTensors, check_shape, compare_in_onnxruntime,
                                 export_onnx)
@@ -112,6 +135,8 @@ def main():
         fail_in_flags(err)
     image = read_image(args.image) if args.image else None
     cfg = read_config(args.config, args.cfg_options)
+    if not args.backbone_only:
+        check_whole_image_inference(cfg, args.config)
     model = build_model(cfg, args.checkpoint)
     try:
         module = ImageToTensors(model, backbone_only=args.backbone_only, nms=args.nms)

@@ -10,8 +10,8 @@ from tests.helpers import ROOT, call_tool
 TOOL_TOLERANCE = 1e-4
 
 
-def export_tool(config, out, *options):
-    result = call_tool(['export_onnx.py', os.path.join(ROOT, config), '--out', str(out), *options], ROOT)
+def export_tool(config, out, *options, weights=('--random-weights', )):
+    result = call_tool(['export_onnx.py', os.path.join(ROOT, config), *weights, '--out', str(out), *options], ROOT)
     return result, result.stdout + result.stderr
 
 
@@ -53,8 +53,8 @@ def test_a_config_without_mala_exports_too(tmp_path):
         f"_base_ = ['{ROOT}/configs/detection/retinanet_mala_t_builtin.py']\n"
         "model = dict(backbone=dict(_delete_=True, type='ResNet', depth=18, out_indices=(0, 1, 2, 3)),\n"
         "             neck=dict(in_channels=[64, 128, 256, 512]))\n")
-    result = call_tool(['export_onnx.py', str(config), '--out', str(tmp_path / 'r18.onnx'), '--shape', '96', '96',
-                       '--exporter', 'torchscript'], ROOT)
+    result = call_tool(['export_onnx.py', str(config), '--random-weights', '--out', str(tmp_path / 'r18.onnx'),
+                       '--shape', '96', '96', '--exporter', 'torchscript'], ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
     assert 'ONNX Runtime matches PyTorch' in result.stdout
 
@@ -103,3 +103,24 @@ def test_nms_where_it_cannot_apply_is_a_clear_error(tmp_path, config, options, m
     result, log = export_tool(config, tmp_path / 'model.onnx', '--nms', '--shape', '64', '64', *options)
     assert result.returncode == 2 and f'error: {message}' in result.stderr
     assert 'Traceback' not in log and not (tmp_path / 'model.onnx').exists()
+
+
+@pytest.mark.parametrize('weights, message', [
+    ((), 'error: no CHECKPOINT: name the trained weights, or pass --random-weights'),
+    (('model.pth', '--random-weights'), 'error: CHECKPOINT model.pth and --random-weights: give one of the two')])
+def test_the_weights_are_named_or_explicitly_random(tmp_path, weights, message):
+    result, log = export_tool('configs/segmentation/upernet_mala_t_builtin.py', tmp_path / 'model.onnx',
+                              '--exporter', 'torchscript', weights=weights)
+    assert result.returncode == 2 and message in result.stderr, log
+    assert not (tmp_path / 'model.onnx').exists()
+
+
+def test_a_slide_mode_segmentor_is_refused_with_what_to_set(tmp_path):
+    """mmseg's test of a slide-mode segmentor runs windows; a whole-image graph checked against whole-image
+    inference would 'match' while differing from the test's results."""
+    slide = "model.test_cfg.mode=slide model.test_cfg.crop_size=(64,64) model.test_cfg.stride=(48,48)".split()
+    result, log = export_tool('configs/segmentation/upernet_mala_t_builtin.py', tmp_path / 'model.onnx',
+                              '--shape', '64', '64', '--exporter', 'torchscript', '--cfg-options', *slide)
+    assert result.returncode == 2, log
+    assert "model.test_cfg.mode='slide'" in result.stderr and '--cfg-options model.test_cfg.mode=whole' in log
+    assert not (tmp_path / 'model.onnx').exists()
