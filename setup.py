@@ -13,9 +13,12 @@ setup(
     long_description=open('README.md', encoding='utf-8').read(),
     long_description_content_type='text/markdown',
     packages=find_packages(include=['mala_mm', 'mala_mm.*']),
-    # the Pythons the setup and the tests ran with (docs/get_started.md#tested-versions)
-    python_requires='>=3.11',
+    # the Pythons the setup and the tests ran with (docs/dev/tested_versions.md)
+    python_requires='>=3.8',
     classifiers=[
+        'Programming Language :: Python :: 3.8',
+        'Programming Language :: Python :: 3.9',
+        'Programming Language :: Python :: 3.10',
         'Programming Language :: Python :: 3.11',
         'Programming Language :: Python :: 3.12',
         'Programming Language :: Python :: 3.13',
@@ -44,7 +47,7 @@ setup(
         # pytest-xdist: tools/run_tests.sh runs the test files on one worker per core; triton: the fused MALA
         # attention's tests run its kernels in Triton's interpreter where there is no GPU (torch's CPU wheels do not
         # bring Triton; its CUDA wheels pin their own)
-        'tests': ['pytest>=7', 'pytest-xdist>=3', 'matplotlib', "triton>=3.2; platform_system == 'Linux'"],
+        'tests': ['pytest>=7', 'pytest-xdist>=3', 'matplotlib', "triton>=3.2; platform_system == 'Linux' and python_version >= '3.9'"],
         # tools/export_onnx.py: onnxscript is what torch.onnx.export's default (dynamo) exporter needs
         'deploy': ['onnx>=1.16', 'onnxruntime>=1.18', 'onnxscript>=0.2'],
     },

@@ -15,6 +15,6 @@ setup(
     version=runpy.run_path(VERSION_FILE)['__version__'],
     description="mala_mm's tools: config checks, launch checks, model building, bundles, analysis",
     packages=find_packages(include=['mala_tools', 'mala_tools.*']),
-    python_requires='>=3.11',
+    python_requires='>=3.8',
     install_requires=['mala_mm'],
 )

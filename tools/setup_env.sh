@@ -12,7 +12,8 @@
 #
 # Environment variables:
 #   PYTHON                interpreter used to create .venv (default: python3; see SUPPORTED_PYTHONS)
-#   TORCH_SPEC            pip requirement for torch (default: torch==2.13.0; set it for your CUDA build)
+#   TORCH_SPEC            pip requirement for torch (default: the newest torch tested for .venv's Python, see
+#                         default_torch_spec; set it for your CUDA build)
 #   MMCV_WHEEL_DIR        a directory holding a prebuilt mmcv 2.1.0 wheel for this torch and Python
 #   MALA_MM_CACHE         where built mmcv wheels are kept between checkouts (default: ~/.cache/mala_mm)
 #   TORCH_CUDA_ARCH_LIST  GPU architectures the CUDA ops are compiled for, e.g. "8.0;9.0"
@@ -24,13 +25,25 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
 PY="$VENV/bin/python"
-TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 MMCV_VERSION=2.1.0
 CACHE="${MALA_MM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mala_mm}"
-# the Pythons the whole stack (mmcv's build included) has been set up and tested with (docs/get_started.md)
-SUPPORTED_PYTHONS="3.11 3.12 3.13"
+# the Pythons the whole stack (mmcv's build included) has been set up and tested with (docs/dev/tested_versions.md)
+SUPPORTED_PYTHONS="3.8 3.9 3.10 3.11 3.12 3.13"
 
 log() { printf '[setup_env] %s\n' "$*" >&2; }
+
+# major.minor of the Python interpreter $1; fails where $1 is not one
+python_version() { "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null; }
+
+# The torch installed for Python $1 (major.minor) where TORCH_SPEC is unset: 2.13.0 where it has wheels (3.10 and
+# newer), else the newest release with wheels for that Python (torch 2.5 dropped 3.8, 2.9 dropped 3.9).
+default_torch_spec() {
+    case "$1" in
+        3.8) echo 'torch==2.4.1' ;;
+        3.9) echo 'torch==2.8.0' ;;
+        *) echo 'torch==2.13.0' ;;
+    esac
+}
 
 # Everything that decides what gets installed (not where mmcv comes from); a change in any of it triggers a new
 # install pass.
@@ -45,7 +58,7 @@ pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
 # stack is set up with, saying which to use instead.
 check_python() {
     local version
-    if ! version="$("$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)"; then
+    if ! version="$(python_version "$1")"; then
         log "error: '$1' is not a Python interpreter; set PYTHON to one (Python $SUPPORTED_PYTHONS)"
         exit 2
     fi
@@ -329,7 +342,10 @@ install_mmcv() {
 }
 
 main() {
-    local stamp="$VENV/.mala_mm_setup" want_stamp
+    local stamp="$VENV/.mala_mm_setup" want_stamp interpreter="$PY"
+    [[ -x "$PY" ]] || interpreter="${PYTHON:-python3}"
+    # an interpreter that is not a Python gets the newest's torch here, and check_python's error below
+    TORCH_SPEC="${TORCH_SPEC:-$(default_torch_spec "$(python_version "$interpreter" || true)")}"
     want_stamp="$(stamp_inputs | sha256sum | cut -d' ' -f1)"
     if [[ -x "$PY" && -f "$stamp" && "$(cat "$stamp")" == "$want_stamp" ]]; then
         exit 0
@@ -341,9 +357,11 @@ main() {
         "${PYTHON:-python3}" -m venv "$VENV"
     fi
 
-    # torch >= 2.6 needs setuptools >= 77.0.3; mmcv's setup.py and mmengine's `mmdet::`/`mmseg::` base-config
-    # resolution import pkg_resources, which setuptools 82 removed.
-    pip_install "setuptools>=77.0.3,<82" wheel ninja numpy
+    # torch >= 2.6 needs setuptools >= 77.0.3, which needs Python 3.9 (Python 3.8 gets torch 2.4.1, which does
+    # not); mmcv's setup.py and mmengine's `mmdet::`/`mmseg::` base-config resolution import pkg_resources, which
+    # setuptools 82 removed.
+    pip_install "setuptools>=77.0.3,<82; python_version >= '3.9'" "setuptools<82; python_version < '3.9'" \
+        wheel ninja numpy
     pip_install "$TORCH_SPEC"
     install_mmcv
     # the plugin, and beside it the code its tools, benchmarks and tests share (tools/setup.py)

@@ -8,6 +8,7 @@ package's kernels were never compiled for, or another Triton) hands that operato
 GPU, with one warning.
 """
 import logging
+import re
 import warnings
 from importlib import import_module
 from typing import Callable, Dict, Optional
@@ -18,11 +19,24 @@ from torch import Tensor
 
 from .torch_compat import in_graph
 
-try:
-    import triton
-except ImportError:  # optional: without it the torch operators serve every device
-    triton = None
+# The oldest Triton the kernels are written and compiled for (tools/compile_kernels.py). An older one, such as the
+# 2.1 that torch 2.1's CUDA wheels pin, is left unused: the torch operators then serve every device.
+MIN_TRITON = (3, 2)
+NEEDS_TRITON = f"the kernels need Triton {'.'.join(map(str, MIN_TRITON))} or newer"
 
+
+def _usable_triton():
+    """Triton, where it is installed at MIN_TRITON or newer, else None and what is installed instead."""
+    try:
+        import triton
+    except ImportError:  # optional
+        return None, 'Triton is not installed'
+    if tuple(int(part) for part in re.findall(r'\d+', triton.__version__)[:2]) < MIN_TRITON:
+        return None, f'Triton {triton.__version__} is installed'
+    return triton, None
+
+
+triton, TRITON_MISSING = _usable_triton()
 TRITON_AVAILABLE = triton is not None
 if TRITON_AVAILABLE:
     from . import triton_launch
@@ -97,7 +111,8 @@ def check_impl(impl: str, where: str, error=ValueError) -> str:
     if impl not in IMPLS:
         raise error(f'{where}impl must be one of {IMPLS}, got {impl!r}')
     if impl == 'triton' and not TRITON_AVAILABLE:
-        raise error(f"{where}impl='triton' needs Triton (pip install triton), which is not installed")
+        raise error(f"{where}impl='triton': {NEEDS_TRITON}, and {TRITON_MISSING}; 'auto' and 'torch' run the "
+                    'torch operators')
     return impl
 
 

@@ -7,6 +7,7 @@ import torch
 
 from tests.helpers import relative_error
 from mala_mm.ops import OPERATORS, TRITON_AVAILABLE
+from mala_mm.ops.dispatch import NEEDS_TRITON as TRITON_FLOOR, TRITON_MISSING
 
 
 def cpu_autocast_takes(dtype) -> bool:
@@ -21,6 +22,7 @@ LOW_PRECISIONS = [torch.bfloat16, torch.float16]
 NAMES = {torch.float64: 'fp64', torch.float32: 'fp32', torch.bfloat16: 'bf16', torch.float16: 'fp16'}
 MARKS = {torch.float16: pytest.mark.skipif(not cpu_autocast_takes(torch.float16),
                                            reason="this torch's CPU autocast has no float16")}
+NEEDS_CPU_FP16 = MARKS[torch.float16]  # as a decorator: Python 3.8 takes a name there, not a subscript
 # the low precisions as parameters of a test, each skipped where this torch's CPU autocast lacks it
 DTYPES = [pytest.param(dtype, id=NAMES[dtype], marks=MARKS.get(dtype, ())) for dtype in LOW_PRECISIONS]
 
@@ -29,7 +31,8 @@ DTYPES = [pytest.param(dtype, id=NAMES[dtype], marks=MARKS.get(dtype, ())) for d
 # there is one, else on the CPU in Triton's interpreter (tests/conftest.py)
 TRITON_DEVICE = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
 IMPL_MARKS = {'triton': pytest.mark.skipif(not TRITON_AVAILABLE,
-                                           reason='Triton is not installed (the tests extra installs it)')}
+                                           reason=f'{TRITON_FLOOR}, and {TRITON_MISSING}')}
+NEEDS_TRITON = IMPL_MARKS['triton']
 IMPLS = [pytest.param(name, marks=IMPL_MARKS.get(name, ())) for name in ('torch', 'triton')]
 
 

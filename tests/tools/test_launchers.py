@@ -516,7 +516,7 @@ def test_slurm_batch_resumes_and_requeues_itself_before_the_time_limit(tmp_path)
     assert 'job 4242 requeues itself and resumes from the latest checkpoint' in stderr
 
 
-@pytest.mark.parametrize('version, refused', [('3.11', False), ('3.12', False), ('3.13', False), ('3.10', True),
+@pytest.mark.parametrize('version, refused', [('3.8', False), ('3.10', False), ('3.13', False), ('3.7', True),
                                               ('3.14', True)])
 def test_setup_checks_the_python_before_downloading_anything(tmp_path, version, refused):
     python = executable(tmp_path / 'python3', f'#!/bin/sh\necho {version}\n')
@@ -524,11 +524,18 @@ def test_setup_checks_the_python_before_downloading_anything(tmp_path, version, 
     if refused:
         assert result.returncode == 2 and result.stdout == ''
         assert result.stderr == (
-            f"[setup_env] error: {python} is Python {version}, and the stack is set up and tested with Python 3.11, "
-            f"3.12, 3.13 only (mmcv 2.1.0 is built here from source): install Python 3.13 (e.g. 'uv python install "
-            f"3.13' or pyenv) and run again with PYTHON=python3.13\n")
+            f"[setup_env] error: {python} is Python {version}, and the stack is set up and tested with Python 3.8, "
+            f"3.9, 3.10, 3.11, 3.12, 3.13 only (mmcv 2.1.0 is built here from source): install Python 3.13 (e.g. 'uv "
+            f"python install 3.13' or pyenv) and run again with PYTHON=python3.13\n")
     else:
         assert (result.returncode, result.stdout) == (0, 'accepted\n'), result.stderr
+
+
+@pytest.mark.parametrize('version, torch', [('3.8', 'torch==2.4.1'), ('3.9', 'torch==2.8.0'), ('3.10', 'torch==2.13.0'),
+                                            ('3.13', 'torch==2.13.0')])
+def test_setup_installs_the_newest_torch_the_python_has_wheels_for(version, torch):
+    result = setup_env_function('default_torch_spec "$1"', version)
+    assert (result.returncode, result.stdout) == (0, f'{torch}\n'), result.stderr
 
 
 def fake_toolkit(root, release: str, headers=('cuda_runtime.h', 'cublas_v2.h', 'cusparse.h'), runtime=()):

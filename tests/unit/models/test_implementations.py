@@ -1,5 +1,7 @@
 """How the modules and the backbone choose between the operators' implementations, and that they agree: the fused
 projection, the attention modules and the backbone's gradients in Triton kernels against torch operators."""
+import sys
+import types
 from typing import List
 
 import pytest
@@ -12,6 +14,7 @@ from tests.helpers.low_precision import IMPL_MARKS, IMPLS, TRITON_DEVICE
 from mala_mm import MALA
 from mala_mm.models import MALAConfigError
 from mala_mm.models.layers import MALAttention, QKVOProjection, RoPE2d, SoftmaxAttention
+from mala_mm.ops import dispatch
 from mala_mm.ops.dispatch import uses_triton
 
 pytestmark = IMPL_MARKS['triton']
@@ -112,3 +115,18 @@ def test_bad_impl_is_refused_at_construction():
         MALA(impl='cuda')
     with pytest.raises(TypeError, match='fp32, bf16 or fp16'):
         uses_triton('triton', torch.zeros(1, 1, 2, 4, dtype=torch.float64, device=TRITON_DEVICE))
+
+
+@pytest.mark.parametrize('version, usable', [('2.1.0', False), ('3.1.0', False), ('3.2.0', True), ('3.10.1', True)])
+def test_a_triton_older_than_the_kernels_need_is_left_unused(monkeypatch, version, usable):
+    """torch 2.1's CUDA wheels pin Triton 2.1, which these kernels were never written for: the torch operators
+    then serve every device, and impl='triton' says why it cannot run."""
+    monkeypatch.setitem(sys.modules, 'triton', types.SimpleNamespace(__version__=version))
+    found, missing = dispatch._usable_triton()
+    assert (found is not None, missing) == (usable, None if usable else f'Triton {version} is installed')
+    monkeypatch.setattr(dispatch, 'TRITON_AVAILABLE', usable)
+    monkeypatch.setattr(dispatch, 'TRITON_MISSING', missing)
+    if not usable:
+        with pytest.raises(MALAConfigError, match=rf"impl='triton': the kernels need Triton 3.2 or newer, and "
+                                                  rf"Triton {version} is installed; 'auto' and 'torch' run"):
+            MALA(impl='triton')

@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from tests.helpers import SMALL_ARCH, feature_loss, relative_error
-from tests.helpers.low_precision import (DTYPES, IMPL_MARKS, IMPLS, LOW_PRECISIONS, MARKS, NAMES, TRITON_DEVICE,
-                                         attention_impl)
+from tests.helpers.low_precision import (DTYPES, IMPLS, IMPL_MARKS, LOW_PRECISIONS, MARKS, NAMES, NEEDS_CPU_FP16,
+                                         TRITON_DEVICE, attention_impl)
 from mala_mm import MALA
 from mala_tools import reference
 from mala_mm.models.layers import MALAttention, RoPE2d
@@ -115,7 +115,7 @@ def test_mala_attention_of_all_zero_inputs_is_exactly_zero(dtype, impl):
     assert torch.equal(y, torch.zeros_like(y))
 
 
-@MARKS[torch.float16]
+@NEEDS_CPU_FP16
 def test_fp16_autocast_keeps_outputs_beyond_fp16_range_accurate_in_fp32():
     # fp32 inputs keep the output in fp32; the fp16 matmuls in between see operands of unit scale
     q, k, v = (1e4 * randn() for _ in range(3))
@@ -257,7 +257,7 @@ STAGE0_TOKENS = (200, 334)
 
 @pytest.mark.slow
 @pytest.mark.parametrize('loss_scale', [512., 2.**16], ids=['release 512', 'dynamic start 2^16'])
-@MARKS[torch.float16]
+@NEEDS_CPU_FP16
 def test_fp16_backward_at_the_paper_size_is_finite(loss_scale):
     """The backward of one MALA attention under fp16 autocast at the paper's stage-0 size, with the loss scaled
     as the release's static scaler (512) and as a dynamic scaler starts (2^16): every gradient finite and

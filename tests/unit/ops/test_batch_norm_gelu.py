@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tests.helpers.launches import LaunchRecord
-from tests.helpers.low_precision import (IMPL_MARKS, assert_matches_fp64, channels_last_map, device_of, fp64_copies,
+from tests.helpers.low_precision import (NEEDS_TRITON, assert_matches_fp64, channels_last_map, device_of, fp64_copies,
                                          impl_dtypes, implementation, outputs_and_gradients)
 from mala_mm.models.layers.blocks import ConvStem
 from mala_mm.ops.batch_norm_gelu import naive
@@ -43,7 +43,7 @@ def test_batch_norm_gelu_matches_naive_in_fp64(impl, dtype):
         assert grad.dtype == leaf.dtype
 
 
-@IMPL_MARKS['triton']
+@NEEDS_TRITON
 def test_the_running_statistics_are_the_norms():
     """Updated as torch's BatchNorm updates them: the batch's mean, and its unbiased variance."""
     device = device_of('triton')
@@ -56,7 +56,7 @@ def test_the_running_statistics_are_the_norms():
     assert not torch.equal(ours[3], torch.zeros_like(ours[3]))
 
 
-@IMPL_MARKS['triton']
+@NEEDS_TRITON
 def test_the_backward_keeps_the_norms_input_alone_in_the_launches_of_the_torch_operators(monkeypatch):
     """The forward is the norm's and GELU's operators; the backward's kernel stands for GELU's backward, so the
     launches are as many as torch's, and no map but x is kept."""
@@ -73,7 +73,7 @@ def test_the_backward_keeps_the_norms_input_alone_in_the_launches_of_the_torch_o
     assert record.take() == ['gelu_grad_kernel', 'aten.native_batch_norm_backward']
 
 
-@IMPL_MARKS['triton']
+@NEEDS_TRITON
 def test_the_stem_trains_alike_through_either_implementation():
     """Outputs, gradients, running statistics and counted batches; BatchNorm's momentum None (a cumulative average)
     too."""

@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from tests.helpers.launches import LaunchRecord
-from tests.helpers.low_precision import (IMPL_MARKS, IMPLS, MARKS, NAMES, TRITON_DEVICE, assert_matches_fp64,
-                                         channels_last_map, device_of, fp64_copies, implementation,
+from tests.helpers.low_precision import (IMPLS, IMPL_MARKS, NAMES, NEEDS_CPU_FP16, NEEDS_TRITON, TRITON_DEVICE,
+                                         assert_matches_fp64, channels_last_map, device_of, fp64_copies, implementation,
                                          outputs_and_gradients)
 from mala_mm.ops.depthwise import naive
 
@@ -92,7 +92,7 @@ def test_gated_depthwise_conv_matches_naive_in_fp64(impl, shape, dtype):
     assert out.dtype == dtype
 
 
-@IMPL_MARKS['triton']
+@NEEDS_TRITON
 def test_the_gated_kernel_takes_y_in_another_dtype_and_gives_o_dtype():
     out = check_against_naive('gated_depthwise_conv', 'triton', gated_inputs((2, 20, 3, 5), torch.float16,
                                                                              y_dtype=torch.float32))
@@ -117,7 +117,7 @@ def test_an_empty_batch_gives_empty_maps_and_zero_parameter_grads(impl):
         assert not grads[-2].any() and not grads[-1].any(), name
 
 
-@IMPL_MARKS['triton']
+@NEEDS_TRITON
 def test_a_backward_program_sums_several_tiles(monkeypatch):
     """With 2 rows of partial sums, 65 pixels (3 tiles of 32) make chunks of 2 tiles, the last one past the map."""
     monkeypatch.setattr(depthwise_triton, 'MAX_PARTIAL_ROWS', 2)
@@ -128,7 +128,7 @@ def test_a_backward_program_sums_several_tiles(monkeypatch):
     check_against_naive('gated_depthwise_conv', 'triton', gated_inputs(shape))
 
 
-@IMPL_MARKS['triton']
+@NEEDS_TRITON
 def test_the_kernels_check_their_shapes():
     x, weight, bias, *_ = residual_inputs((1, 4, 5, 5))
     with pytest.raises(ValueError, match='k odd'):
@@ -137,7 +137,7 @@ def test_the_kernels_check_their_shapes():
         implementation('gated_depthwise_conv', 'triton')(x, x, x[:, :, :4], weight, bias)
 
 
-@IMPL_MARKS['triton']
+@NEEDS_TRITON
 def test_the_kernels_take_one_launch_a_forward_and_two_a_backward(monkeypatch):
     """Under autocast too: the kernels read the fp32 parameters as they are. The residual op's backward runs into
     its leaves' .grad, where autograd would copy a gradient whose strides differ from its parameter's."""
@@ -164,7 +164,7 @@ def test_the_kernels_take_one_launch_a_forward_and_two_a_backward(monkeypatch):
     assert grads[3].stride() == inputs[3].stride()
 
 
-@IMPL_MARKS['triton']
+@NEEDS_TRITON
 def test_under_autocast_the_kernel_keeps_the_fp32_stream_in_autocast_dtype():
     """The position encoding on the fp32 stream: its output from x in fp32, and for the weight's gradient the backward
     keeps x rounded to bf16 (half the bytes), as autocast's conv keeps its cast of x: the gradients are the naive
@@ -218,7 +218,7 @@ def test_the_centre_tap_adds_the_residual_in_the_conv_in_fp32():
                                expected, rtol=0, atol=1e-6)
 
 
-@MARKS[torch.float16]
+@NEEDS_CPU_FP16
 def test_under_autocast_the_torch_operators_keep_the_residual_stream_in_fp32():
     """The conv in fp16, as autocast runs it, and its sum with the fp32 stream in fp32, not folded into the
     kernel."""

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tests.helpers.launches import LaunchRecord
-from tests.helpers.low_precision import (IMPL_MARKS, TOLERANCES, TRITON_DEVICE, assert_matches_fp64, device_of,
+from tests.helpers.low_precision import (NEEDS_TRITON, TOLERANCES, TRITON_DEVICE, assert_matches_fp64, device_of,
                                          fp64_copies, impl_dtypes, implementation, outputs_and_gradients)
 from mala_mm.models.layers import RoPE2d
 from mala_mm.ops.mala_attention import naive
@@ -50,7 +50,7 @@ def test_matches_naive_in_fp64(impl, dtype, shape, with_rope):
     check_against_naive(implementation('mala_attention', impl), inputs, dtype)
 
 
-@IMPL_MARKS['triton']
+@NEEDS_TRITON
 @pytest.mark.parametrize('arch', [80, 86, 89, 90], ids=lambda arch: f'sm_{arch}')
 def test_each_gpus_plan_matches_naive(arch, monkeypatch):
     """The tiles each GPU's plan takes (the interpreter's own are larger), heads of 64 and of 96 channels (three
@@ -64,7 +64,7 @@ def test_each_gpus_plan_matches_naive(arch, monkeypatch):
                             attention_inputs(1, 2, 7, 9, head_dims, with_rope=True), torch.float32)
 
 
-@IMPL_MARKS['triton']
+@NEEDS_TRITON
 @pytest.mark.parametrize('with_rope', [False, True], ids=['no RoPE', 'RoPE'])
 def test_the_kernels_take_two_launches_a_pass_and_lay_out_a_channels_last_map(with_rope, monkeypatch):
     """The state's reduction and the output in the forward, the queries' and the keys' and values' gradients in the

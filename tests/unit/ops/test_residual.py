@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.helpers.launches import LaunchRecord
-from tests.helpers.low_precision import (IMPL_MARKS, IMPLS, TRITON_DEVICE, assert_matches_fp64, channels_last_map,
+from tests.helpers.low_precision import (IMPLS, NEEDS_TRITON, TRITON_DEVICE, assert_matches_fp64, channels_last_map,
                                          device_of, fp64_copies, impl_dtypes, implementation, outputs_and_gradients)
 from mala_mm.ops import residual
 from mala_mm.ops.residual import add_branch, drop_path_factors, naive
@@ -94,7 +94,7 @@ def test_a_stage_output_is_contiguous_in_the_stream_dtype_and_takes_a_contiguous
 
 @pytest.mark.parametrize('as_output', [False, True], ids=['FFN input', 'stage output'])
 @pytest.mark.parametrize('dropping', [False, True], ids=['no drop', 'stochastic depth'])
-@IMPL_MARKS['triton']
+@NEEDS_TRITON
 def test_the_kernel_keeps_one_map_of_the_stream_that_a_neighbour_keeps(as_output, dropping):
     """For the norm's backward: the stream before the branch, which the block's first norm keeps, or at a stage's
     output the sum, which the downsample's conv keeps (in fp32); the gradients as the naive formula's in fp64."""
@@ -110,7 +110,7 @@ def test_the_kernel_keeps_one_map_of_the_stream_that_a_neighbour_keeps(as_output
     check_against_naive('scaled_residual_norm', 'triton', args)
 
 
-@IMPL_MARKS['triton']
+@NEEDS_TRITON
 def test_a_backward_program_sums_several_tiles(monkeypatch):
     """With 2 rows of partial sums, a map of 3 x 11 x 13 pixels at 64 channels (32 pixels a tile) makes programs of
     7 tiles, the last past the map."""
@@ -122,7 +122,7 @@ def test_a_backward_program_sums_several_tiles(monkeypatch):
                                                                     stochastic_depth(3)))
 
 
-@IMPL_MARKS['triton']
+@NEEDS_TRITON
 def test_the_kernels_take_one_launch_a_forward_and_two_a_backward(monkeypatch):
     record = LaunchRecord(monkeypatch)
     x, branch, gamma, weight, bias = residual_inputs((2, 48, 5, 7), branch_dtype=torch.bfloat16)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tests.helpers.launches import LaunchRecord
-from tests.helpers.low_precision import (IMPL_MARKS, assert_matches_fp64, device_of, fp64_copies, impl_dtypes,
+from tests.helpers.low_precision import (NEEDS_TRITON, assert_matches_fp64, device_of, fp64_copies, impl_dtypes,
                                          implementation, outputs_and_gradients)
 from mala_mm.models.layers import RoPE2d
 from mala_mm.ops.rope import naive
@@ -37,7 +37,7 @@ def test_rotate_qk_matches_naive_in_fp64(impl, dtype):
         assert_matches_fp64(ours, expected, name)
 
 
-@IMPL_MARKS['triton']
+@NEEDS_TRITON
 def test_the_kernel_rotates_in_the_map_in_one_launch_a_pass(monkeypatch):
     """q and k rotated in place: every output is a view of the map. The backward's one launch also writes v's and
     o's gradients into the map's, which the chunks' concatenation would write in a launch of its own."""
@@ -57,7 +57,7 @@ def test_the_kernel_rotates_in_the_map_in_one_launch_a_pass(monkeypatch):
     assert record.take() == ['rotate_qk_kernel']
 
 
-@IMPL_MARKS['triton']
+@NEEDS_TRITON
 def test_the_kernel_refuses_a_leaf_and_a_map_saved_before_it():
     """It overwrites q and k: a leaf that requires grad is refused, as torch refuses an in-place operator on one,
     and an operator that saved the map before fails its backward rather than compute with the rotated values."""
@@ -90,7 +90,7 @@ def test_naive_rotation_is_the_complex_product_by_the_spec_angles():
     torch.testing.assert_close(naive.apply_rope(x, tables), expected)
 
 
-@IMPL_MARKS['triton']
+@NEEDS_TRITON
 def test_the_kernel_takes_the_gradients_of_some_outputs_only():
     """Where the loss reads q and k alone (v and o get no gradient), the map's gradient is zero at v and o."""
     device = device_of('triton')
