@@ -25,7 +25,7 @@ setup(
         'Operating System :: POSIX :: Linux',
     ],
     install_requires=[
-        # the floor measured (docs/get_started.md#tested-versions): torch 2.1, the torch of OpenMMLab's prebuilt
+        # the floor measured (docs/dev/tested_versions.md): torch 2.1, the torch of OpenMMLab's prebuilt
         # mmcv 2.1.0 wheels, so that an existing mmdet 3.x environment keeps its torch
         'torch>=2.1',
         # the tested series; AtomicCheckpointHook relies on CheckpointHook deleting through its file backend

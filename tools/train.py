@@ -43,7 +43,7 @@ def main():
     changes = fit_optim_wrapper_to_device(cfg.optim_wrapper, args.amp, torch.cuda.is_available())
     problems = []
     if args.amp and not torch.cuda.is_available() and torch.__version__.startswith('2.1.'):
-        # measured with 2.1.2 (docs/get_started.md#tested-versions); 2.13 trains in bfloat16 on CPU
+        # measured with 2.1.2 (docs/dev/tested_versions.md); 2.13 trains in bfloat16 on CPU
         problems.append("--amp on CPU: torch 2.1's CPU attention kernel aborts the process in its bfloat16 "
                         'backward; train without --amp (fp32) or with a newer torch')
     if args.auto_scale_lr:
