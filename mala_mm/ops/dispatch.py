@@ -58,7 +58,12 @@ class Operator:
         triton: its Triton launcher, which also takes a keyword ``torch_fallback``; None without Triton.
         variants: ``variants(gpu)`` yields (kernel, its constexprs and launch options) for each kernel variant the
             launcher makes on a :class:`~.triton_launch.GPU`; None without Triton.
-        failed_on: the GPUs on which its kernels failed under 'auto'.
+        failed_on: the GPUs on which its kernels failed under 'auto' before the current training step: there it
+            runs in torch operators.
+        failing_on: the GPUs on which a kernel of it failed in the current step. Until that step's backward ends,
+            its kernels are still tried, and each failure handled alone: a block under activation checkpointing
+            then recomputes in its backward what its forward ran (kernels or torch operators, which save different
+            tensors), as torch's checkpoint requires.
     """
 
     def __init__(self, name: str, reference: Callable, torch_fn: Callable, triton_module: Optional[str] = None):
@@ -68,7 +73,7 @@ class Operator:
         if triton_module is not None and TRITON_AVAILABLE:
             module = import_module(triton_module)
             self.triton, self.variants = getattr(module, name), getattr(module, f'{name}_variants')
-        self.failed_on = set()
+        self.failed_on, self.failing_on = set(), set()
 
     def __repr__(self) -> str:
         return f'Operator({self.name!r})'
@@ -99,11 +104,40 @@ class Operator:
 
     def unavailable(self, error) -> None:
         """Hands the operator to its torch operators on the GPU of ``error`` (a
-        :class:`~.triton_launch.KernelUnavailable`), with a warning that names the kernel, the GPU and the error."""
-        if error.gpu not in self.failed_on:
+        :class:`~.triton_launch.KernelUnavailable`), with a warning that names the kernel, the GPU and the error:
+        at once where no backward can follow (no gradients are recorded), else from the end of the backward of the
+        step it failed in (:meth:`fell_back`)."""
+        if error.gpu in self.failed_on or error.gpu in self.failing_on:
+            return
+        warnings.warn(f"impl='auto': {error}; {self.name} runs in torch operators on this GPU from now on",
+                      RuntimeWarning, stacklevel=3)
+        if torch.is_grad_enabled() or _in_backward():
+            self.failing_on.add(error.gpu)
+        else:
             self.failed_on.add(error.gpu)
-            warnings.warn(f"impl='auto': {error}; {self.name} runs in torch operators on this GPU from now on",
-                          RuntimeWarning, stacklevel=3)
+
+    def fell_back(self, outputs):
+        """``outputs``, which the torch operators gave in place of a failed kernel's, as they are; the failure takes
+        effect once the backward that runs now, or the one through ``outputs``, has ended."""
+        if not self.failing_on:
+            return outputs
+        if _in_backward():
+            torch.autograd.Variable._execution_engine.queue_callback(self._step_ended)
+            return outputs
+        recorded = [t for t in (outputs if isinstance(outputs, tuple) else (outputs, ))
+                    if isinstance(t, Tensor) and t.requires_grad]
+        if not recorded:  # no backward goes through them
+            self._step_ended()
+        for t in recorded:
+            t.register_hook(self._queue_step_end)
+        return outputs
+
+    def _queue_step_end(self, grad: Tensor) -> None:
+        torch.autograd.Variable._execution_engine.queue_callback(self._step_ended)
+
+    def _step_ended(self) -> None:
+        self.failed_on |= self.failing_on
+        self.failing_on.clear()
 
 
 def check_impl(impl: str, where: str, error=ValueError) -> str:
@@ -141,6 +175,11 @@ def uses_triton(impl: str, x: Tensor, operator: Operator = None) -> bool:
         raise RuntimeError(f"impl='triton' runs the Triton kernels, and {why_not}: use impl='auto' (which "
                            f"takes the torch operators there) or 'torch'")
     return True
+
+
+def _in_backward() -> bool:
+    """Whether autograd's engine is running a backward (a checkpointed block's recomputation among it)."""
+    return torch._C._current_graph_task_id() != -1
 
 
 def _log_once(gpu, why_not: str) -> None:

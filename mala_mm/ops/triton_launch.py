@@ -13,6 +13,8 @@ import torch
 import triton
 from torch import Tensor
 
+from .torch_compat import autocast_dtype, autocast_enabled
+
 
 @triton.jit
 def empty_kernel():
@@ -149,14 +151,23 @@ def in_kernels_or_torch(in_kernels: Callable, torch_fallback, in_torch: Callable
         if torch_fallback is None:
             raise
         torch_fallback.unavailable(error)
-        return in_torch()
+        return torch_fallback.fell_back(in_torch())
 
 
-def torch_gradients(torch_fn, inputs: tuple, grads: tuple) -> tuple:
+def autocast_of(t: Tensor) -> Optional[torch.dtype]:
+    """The dtype that autocast casts to on ``t``'s device where it is on there, else None: what a forward records
+    for a backward that may recompute it in torch operators (:func:`torch_gradients`)."""
+    device = t.device.type
+    return autocast_dtype(device) if autocast_enabled(device) else None
+
+
+def torch_gradients(torch_fn, inputs: tuple, grads: tuple, autocast: Optional[torch.dtype] = None) -> tuple:
     """The gradients of ``torch_fn(*inputs)`` with respect to each floating-point tensor of ``inputs`` (None for
     the others), given the gradients ``grads`` of its outputs: a backward whose kernels failed, in torch operators
-    from the inputs the forward saved."""
-    with torch.enable_grad():
+    from the inputs the forward saved, under the autocast the forward ran under (``autocast``, from
+    :func:`autocast_of`), which casts those inputs and the fp32 parameters to one dtype as it did there."""
+    device = next(t for t in inputs if isinstance(t, Tensor)).device.type
+    with torch.enable_grad(), torch.autocast(device, dtype=autocast, enabled=autocast is not None):
         leaves = tuple(t.detach().requires_grad_() if isinstance(t, Tensor) and t.is_floating_point() else t
                        for t in inputs)
         outputs = torch_fn(*leaves)

@@ -40,3 +40,23 @@ class LaunchRecord(TorchDispatchMode):
         """The launches recorded since the last take, and a fresh record."""
         launches, self.launches = self.launches, []
         return launches
+
+
+def failing_kernel(monkeypatch, kernel_name: str) -> list:
+    """Makes every launch of the Triton kernel ``kernel_name`` fail, as a kernel that does not fit a GPU would;
+    returns the names of the kernels launched or tried, which the test may read."""
+    from triton.runtime.jit import KernelInterface
+    tried = []
+    launcher = KernelInterface.__getitem__
+
+    def launch(kernel, grid):
+        name = kernel.fn.__name__ if hasattr(kernel, 'fn') else kernel.__name__
+        tried.append(name)
+        if name != kernel_name:
+            return launcher(kernel, grid)
+
+        def fail(*args, **kwargs):
+            raise RuntimeError('out of resource: shared memory, Required: 180224, Hardware limit: 101376')
+        return fail
+    monkeypatch.setattr(KernelInterface, '__getitem__', launch)
+    return tried

@@ -13,7 +13,7 @@ import triton
 from torch import Tensor
 
 from ..triton_helpers import channel_tile_shape, dense_channels_last
-from ..triton_launch import GPU, in_kernels_or_torch, launch, torch_gradients
+from ..triton_launch import GPU, autocast_of, in_kernels_or_torch, launch, torch_gradients
 from .kernels import gelu_grad_kernel
 
 
@@ -33,7 +33,7 @@ class _BatchNormGELU(torch.autograd.Function):
         normed, mean, invstd = torch.native_batch_norm(x, weight, bias, running_mean, running_var, True, momentum,
                                                        eps)
         ctx.save_for_backward(x, weight, bias, mean, invstd)
-        ctx.eps, ctx.momentum, ctx.torch_fallback = eps, momentum, torch_fallback
+        ctx.eps, ctx.momentum, ctx.torch_fallback, ctx.autocast = eps, momentum, torch_fallback, autocast_of(x)
         return F.gelu(normed)
 
     @staticmethod
@@ -53,7 +53,7 @@ class _BatchNormGELU(torch.autograd.Function):
 
         def in_torch():  # the batch's statistics, as the forward took them; the running ones not updated again
             return torch_gradients(lambda *args: ctx.torch_fallback(*args, None, None, ctx.momentum, ctx.eps),
-                                   (x, weight, bias), (grad,))
+                                   (x, weight, bias), (grad,), ctx.autocast)
         grads = in_kernels_or_torch(in_kernels, ctx.torch_fallback, in_torch)
         return (*grads, None, None, None, None, None)
 

@@ -8,8 +8,8 @@ from torch import Tensor
 
 from ..torch_compat import autocast_dtype, autocast_enabled
 from ..triton_helpers import MAX_PARTIAL_ROWS, channel_tile_shape
-from ..triton_launch import (GPU, INTERPRETER_GPU, gpu_of, in_kernels_or_torch, launch, registers_a_thread,
-                             torch_gradients)
+from ..triton_launch import (GPU, INTERPRETER_GPU, autocast_of, gpu_of, in_kernels_or_torch, launch,
+                             registers_a_thread, torch_gradients)
 from .grad_kernels import gated_conv_grad_kernel, residual_conv_grad_kernel
 from .kernels import gated_conv_kernel, residual_conv_kernel
 
@@ -118,7 +118,7 @@ class _ResidualDepthwiseConv(torch.autograd.Function):
         launch(residual_conv_kernel, plan.tile_grid, x, weight, bias, out, saved, *_map_strides(x),
                *_map_strides(out), *plan.sizes, GELU=gelu, COPY=copy_dtype is not None, **plan.options)
         ctx.save_for_backward(saved, weight, bias)
-        ctx.gelu, ctx.torch_fallback, ctx.x_dtype = gelu, torch_fallback, x.dtype
+        ctx.gelu, ctx.torch_fallback, ctx.x_dtype, ctx.autocast = gelu, torch_fallback, x.dtype, autocast_of(x)
         return out
 
     @staticmethod
@@ -126,7 +126,8 @@ class _ResidualDepthwiseConv(torch.autograd.Function):
         x, weight, bias = ctx.saved_tensors
         grads = in_kernels_or_torch(
             lambda: _residual_conv_grads(x, weight, grad, ctx.gelu, ctx.x_dtype), ctx.torch_fallback,
-            lambda: torch_gradients(lambda *args: ctx.torch_fallback(*args, ctx.gelu), (x, weight, bias), (grad,)))
+            lambda: torch_gradients(lambda *args: ctx.torch_fallback(*args, ctx.gelu), (x, weight, bias), (grad,),
+                                    ctx.autocast))
         return (*grads, None, None)
 
 
@@ -153,14 +154,14 @@ class _GatedDepthwiseConv(torch.autograd.Function):
         launch(gated_conv_kernel, plan.tile_grid, y, v, o, weight, bias, out, *_map_strides(y), *_map_strides(v),
                *_map_strides(o), *_map_strides(out), *plan.sizes, **plan.options)
         ctx.save_for_backward(y, v, o, weight, bias)
-        ctx.torch_fallback = torch_fallback
+        ctx.torch_fallback, ctx.autocast = torch_fallback, autocast_of(v)
         return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         inputs = ctx.saved_tensors
         grads = in_kernels_or_torch(lambda: _gated_conv_grads(*inputs, grad), ctx.torch_fallback,
-                                    lambda: torch_gradients(ctx.torch_fallback, inputs, (grad,)))
+                                    lambda: torch_gradients(ctx.torch_fallback, inputs, (grad,), ctx.autocast))
         return (*grads, None)
 
 

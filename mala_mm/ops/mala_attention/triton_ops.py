@@ -9,8 +9,8 @@ import triton
 from torch import Tensor
 
 from ..triton_helpers import heads_of_channels_last_map, strides, unit_stride
-from ..triton_launch import (GPU, INTERPRETER_GPU, gpu_of, in_kernels_or_torch, launch, registers_a_thread,
-                             torch_gradients)
+from ..triton_launch import (GPU, INTERPRETER_GPU, autocast_of, gpu_of, in_kernels_or_torch, launch,
+                             registers_a_thread, torch_gradients)
 from .grad_kernels import key_value_grad_kernel, query_grad_kernel
 from .kernels import output_kernel, state_kernel
 
@@ -107,7 +107,7 @@ class _FusedMALAttention(torch.autograd.Function):
         launch(output_kernel, plan.tile_grid(output_kernel), q, state, *plan.rope, out, *strides(q), *strides(out),
                plan.heads, plan.num_tokens, plan.head_dims, plan.scale, eps, **plan.options[output_kernel])
         ctx.save_for_backward(q, k, v, cos, sin, state)
-        ctx.eps, ctx.rope_type, ctx.torch_fallback = eps, rope_type, torch_fallback
+        ctx.eps, ctx.rope_type, ctx.torch_fallback, ctx.autocast = eps, rope_type, torch_fallback, autocast_of(q)
         return out
 
     @staticmethod
@@ -116,7 +116,8 @@ class _FusedMALAttention(torch.autograd.Function):
         rope = None if cos is None else ctx.rope_type(cos, sin)
         grads = in_kernels_or_torch(
             lambda: _gradients(q, k, v, cos, sin, state, grad, ctx.eps), ctx.torch_fallback,
-            lambda: torch_gradients(lambda *qkv: ctx.torch_fallback(*qkv, rope, ctx.eps), (q, k, v), (grad,)))
+            lambda: torch_gradients(lambda *qkv: ctx.torch_fallback(*qkv, rope, ctx.eps), (q, k, v), (grad,),
+                                    ctx.autocast))
         return (*grads, None, None, None, None, None)
 
 

@@ -14,7 +14,7 @@ import triton
 from torch import Tensor
 
 from ..triton_helpers import strides, unit_stride
-from ..triton_launch import GPU, in_kernels_or_torch, launch, torch_gradients
+from ..triton_launch import GPU, autocast_of, in_kernels_or_torch, launch, torch_gradients
 from .kernels import rotate_qk_kernel
 from .naive import split_heads
 
@@ -72,7 +72,7 @@ class _RotateQK(torch.autograd.Function):
         torch.autograd.graph.increment_version(qkvo)
         ctx.save_for_backward(cos, sin)
         ctx.num_heads, ctx.tables_type, ctx.torch_fallback = num_heads, tables_type, torch_fallback
-        ctx.map_shape, ctx.map_dtype = qkvo.shape, qkvo.dtype
+        ctx.map_shape, ctx.map_dtype, ctx.autocast = qkvo.shape, qkvo.dtype, autocast_of(qkvo)
         return q, k, maps[2], maps[3]
 
     @staticmethod
@@ -91,7 +91,7 @@ class _RotateQK(torch.autograd.Function):
         def in_torch():  # the rotation is linear: its gradient does not depend on where it is taken
             tables = ctx.tables_type(cos, sin)
             return torch_gradients(lambda qkvo: ctx.torch_fallback(qkvo, tables, ctx.num_heads),
-                                   (torch.zeros_like(grad_map),), (grad_q, grad_k, grad_v, grad_o))[0]
+                                   (torch.zeros_like(grad_map),), (grad_q, grad_k, grad_v, grad_o), ctx.autocast)[0]
         grad_map = in_kernels_or_torch(in_kernels, ctx.torch_fallback, in_torch)
         return grad_map, None, None, None, None, None
 

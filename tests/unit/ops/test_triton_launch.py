@@ -137,6 +137,7 @@ def auto_on_a_gpu(monkeypatch):
     monkeypatch.setattr(dispatch, 'uses_triton', lambda impl, x, operator=None: impl == 'triton' or (
         impl == 'auto' and (operator is None or operator.available_on(gpu))))
     monkeypatch.setattr(OPERATORS['mala_attention'], 'failed_on', set())
+    monkeypatch.setattr(OPERATORS['mala_attention'], 'failing_on', set())
     return gpu
 
 
@@ -157,6 +158,18 @@ def failing(monkeypatch, kernel_name: str) -> list:
     return tried
 
 
+def test_without_gradients_a_failed_kernel_is_left_at_once(auto_on_a_gpu, monkeypatch):
+    """No backward can follow an inference forward, and nothing recomputes it: the torch operators take over
+    at once."""
+    tried = failing(monkeypatch, 'output_kernel')
+    with torch.no_grad(), pytest.warns(RuntimeWarning, match='output_kernel'):
+        mala_attention(*attention_inputs(), impl='auto')
+    tried.clear()
+    with torch.no_grad():
+        mala_attention(*attention_inputs(), impl='auto')
+    assert tried == [] and not OPERATORS['mala_attention'].available_on(auto_on_a_gpu)
+
+
 def attention_inputs():
     return [torch.randn(2, 2, 30, 16, device=TRITON_DEVICE, requires_grad=True) for _ in range(3)]
 
@@ -173,6 +186,12 @@ def test_auto_falls_back_to_torch_where_a_forward_kernel_fails(auto_on_a_gpu, mo
     tried.clear()
     with warnings.catch_warnings():
         warnings.simplefilter('error')  # said once
+        # until the step's backward has run, the kernels are still tried, so that a checkpointed block recomputes
+        # what its forward ran (tests/unit/ops/test_fallback.py)
+        torch.testing.assert_close(mala_attention(*inputs, impl='auto'), out)
+        assert tried == ['state_kernel', 'output_kernel']
+        out.sum().backward()
+        tried.clear()
         mala_attention(*inputs, impl='auto')
     assert tried == []  # the torch operators from then on
     with pytest.raises(triton_launch.KernelUnavailable, match='output_kernel'):
