@@ -67,6 +67,20 @@ class GPU(NamedTuple):
 INTERPRETER_GPU = GPU('Triton interpreter', (9, 0), SHARED_MEMORY_BY_ARCH[90])
 
 
+def _kernel_failures() -> tuple:
+    """What compiling, loading and launching a kernel raise where it does not fit a GPU or a Triton: Triton's
+    compiler, ptxas (Triton 3.3 and newer name its error) and the check of what a block takes (OutOfResources), and
+    CUDA's driver, whose errors Triton's launcher and torch raise as RuntimeError. Any other type is a bug in a
+    launcher or in what it hands the kernel."""
+    from triton.compiler.errors import CompilationError
+    from triton.runtime import errors
+    return tuple(error for error in (CompilationError, errors.OutOfResources, getattr(errors, 'PTXASError', None),
+                                     RuntimeError) if error is not None)
+
+
+KERNEL_FAILURES = _kernel_failures()
+
+
 class KernelUnavailable(RuntimeError):
     """A Triton kernel that did not compile, load or launch on a GPU."""
 
@@ -126,7 +140,8 @@ def launch(kernel, grid: Tuple[int, ...], *args, **options) -> None:
     stream; nothing where the grid is empty.
 
     Raises:
-        KernelUnavailable: the kernel did not compile, load or launch, with the error that stopped it.
+        KernelUnavailable: the kernel did not compile, load or launch (:data:`KERNEL_FAILURES`), with the error
+            that stopped it. Other errors propagate as they are, under 'auto' too.
     """
     name = getattr(kernel, 'fn', kernel).__name__
     check_grid(name, grid)
@@ -137,7 +152,7 @@ def launch(kernel, grid: Tuple[int, ...], *args, **options) -> None:
     with torch.cuda.device(device) if device.type == 'cuda' else nullcontext():
         try:
             kernel[grid](*args, **options)
-        except Exception as error:  # Triton's compiler, loader and driver raise errors of no common type
+        except KERNEL_FAILURES as error:
             raise KernelUnavailable(name, gpu_of(like), error) from error
 
 

@@ -42,9 +42,9 @@ class LaunchRecord(TorchDispatchMode):
         return launches
 
 
-def failing_kernel(monkeypatch, kernel_name: str) -> list:
-    """Makes every launch of the Triton kernel ``kernel_name`` fail, as a kernel that does not fit a GPU would;
-    returns the names of the kernels launched or tried, which the test may read."""
+def failing_kernel(monkeypatch, kernel_name: str, error=None) -> list:
+    """Makes every launch of the Triton kernel ``kernel_name`` raise ``error`` (default: what a kernel that does not
+    fit a GPU raises); returns the names of the kernels launched or tried, which the test may read."""
     from triton.runtime.jit import KernelInterface
     tried = []
     launcher = KernelInterface.__getitem__
@@ -56,7 +56,7 @@ def failing_kernel(monkeypatch, kernel_name: str) -> list:
             return launcher(kernel, grid)
 
         def fail(*args, **kwargs):
-            raise RuntimeError('out of resource: shared memory, Required: 180224, Hardware limit: 101376')
+            raise error or RuntimeError('out of resource: shared memory, Required: 180224, Hardware limit: 101376')
         return fail
     monkeypatch.setattr(KernelInterface, '__getitem__', launch)
     return tried

@@ -10,12 +10,15 @@ import pytest
 import torch
 
 from tests.helpers import SMALL_ARCH, feature_loss
+from tests.helpers.launches import failing_kernel
 from tests.helpers.low_precision import IMPL_MARKS, TRITON_DEVICE
 from mala_mm import MALA
 from mala_mm.ops import OPERATORS, dispatch
 from mala_mm.ops.mala_attention import mala_attention
 
 try:
+    from triton.compiler.errors import CompilationError
+    from triton.runtime.errors import OutOfResources
     from triton.runtime.jit import KernelInterface
 
     from mala_mm.ops import triton_launch
@@ -141,27 +144,32 @@ def auto_on_a_gpu(monkeypatch):
     return gpu
 
 
-def failing(monkeypatch, kernel_name: str) -> list:
-    """Makes ``kernel_name`` fail as a kernel that does not fit a GPU would; returns the launches tried."""
-    tried = []
-    launcher = KernelInterface.__getitem__
+@pytest.mark.parametrize('error', [
+    pytest.param(lambda: OutOfResources(180224, 101376, 'shared memory'), id='OutOfResources'),
+    pytest.param(lambda: CompilationError('', None, 'unsupported on this GPU'), id='CompilationError'),
+    pytest.param(lambda: RuntimeError('Triton Error [CUDA]: device kernel image is invalid'), id='driver')])
+def test_what_compiling_loading_or_launching_raises_falls_back(auto_on_a_gpu, monkeypatch, error):
+    failing_kernel(monkeypatch, 'output_kernel', error())
+    with pytest.warns(RuntimeWarning, match='output_kernel'):
+        out = mala_attention(*attention_inputs(), impl='auto')
+    assert out.shape == (2, 2, 30, 16)
 
-    def launch(kernel, grid):
-        name = kernel.fn.__name__ if hasattr(kernel, 'fn') else kernel.__name__
-        tried.append(name)
-        if name == kernel_name:
-            def fail(*args, **kwargs):
-                raise RuntimeError('out of resource: shared memory, Required: 180224, Hardware limit: 101376')
-            return fail
-        return launcher(kernel, grid)
-    monkeypatch.setattr(KernelInterface, '__getitem__', launch)
-    return tried
+
+@pytest.mark.parametrize('error', [TypeError, ValueError, IndexError, AttributeError])
+def test_an_error_of_our_own_code_stops_the_run_under_auto_too(auto_on_a_gpu, monkeypatch, error):
+    """A bug in a launcher or in what it hands a kernel is not a GPU's limit: falling back would hide it."""
+    failing_kernel(monkeypatch, 'state_kernel', error('a launcher bug'))
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')  # no fallback warning
+        with pytest.raises(error, match='a launcher bug'):
+            mala_attention(*attention_inputs(), impl='auto')
+    assert OPERATORS['mala_attention'].available_on(auto_on_a_gpu)
 
 
 def test_without_gradients_a_failed_kernel_is_left_at_once(auto_on_a_gpu, monkeypatch):
     """No backward can follow an inference forward, and nothing recomputes it: the torch operators take over
     at once."""
-    tried = failing(monkeypatch, 'output_kernel')
+    tried = failing_kernel(monkeypatch, 'output_kernel')
     with torch.no_grad(), pytest.warns(RuntimeWarning, match='output_kernel'):
         mala_attention(*attention_inputs(), impl='auto')
     tried.clear()
@@ -175,7 +183,7 @@ def attention_inputs():
 
 
 def test_auto_falls_back_to_torch_where_a_forward_kernel_fails(auto_on_a_gpu, monkeypatch):
-    tried = failing(monkeypatch, 'output_kernel')
+    tried = failing_kernel(monkeypatch, 'output_kernel')
     inputs = attention_inputs()
     with pytest.warns(RuntimeWarning) as warned:
         out = mala_attention(*inputs, impl='auto')
@@ -199,7 +207,7 @@ def test_auto_falls_back_to_torch_where_a_forward_kernel_fails(auto_on_a_gpu, mo
 
 
 def test_auto_takes_the_gradients_in_torch_where_a_backward_kernel_fails(auto_on_a_gpu, monkeypatch):
-    failing(monkeypatch, 'key_value_grad_kernel')
+    failing_kernel(monkeypatch, 'key_value_grad_kernel')
     inputs = attention_inputs()
     grad = torch.randn(2, 2, 30, 16, device=TRITON_DEVICE)
     out = mala_attention(*inputs, impl='auto')
