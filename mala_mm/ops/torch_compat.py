@@ -9,9 +9,13 @@ HAS_CUSTOM_OPS = hasattr(torch.library, 'custom_op')
 
 
 def autocast_enabled(device_type: str) -> bool:
-    """Whether autocast is on for ``device_type`` ('cpu', 'cuda', ...)."""
+    """Whether autocast is on for ``device_type`` ('cpu', 'cuda', ...); never for a device autocast does not
+    know ('meta': shapes without data)."""
     if _NEW_AUTOCAST_API:
-        return torch.is_autocast_enabled(device_type)
+        try:
+            return torch.is_autocast_enabled(device_type)
+        except RuntimeError:  # unknown device type for autocast
+            return False
     if device_type == 'cpu':
         return torch.is_autocast_cpu_enabled()
     return device_type == 'cuda' and torch.is_autocast_enabled()

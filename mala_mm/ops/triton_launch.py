@@ -129,6 +129,24 @@ def unserved(gpu: GPU) -> Optional[str]:
     return None
 
 
+# the kernels address their maps with int32 offsets (index times stride): a map spans fewer elements
+MAX_SPAN = 2 ** 31
+
+
+class MapTooLarge(ValueError):
+    """A map whose elements lie beyond the int32 offsets that the kernels address."""
+
+
+def check_offsets(kernel: str, tensors) -> None:
+    """Raises :class:`MapTooLarge` where one of ``tensors`` spans 2^31 elements or more of its memory (from its first
+    element to its last), which the kernel's int32 offsets would address wrongly, silently."""
+    for t in tensors:
+        span = 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride())) if t.numel() else 0
+        if span >= MAX_SPAN:
+            raise MapTooLarge(f"{kernel}: a map of shape {tuple(t.shape)} spans {span:,} elements, and the Triton "
+                              f"kernels address fewer than 2^31: use a smaller batch, or impl='torch'")
+
+
 def check_grid(kernel: str, grid: Tuple[int, ...]) -> None:
     if any(size > MAX_GRID_YZ for size in grid[1:3]):
         raise ValueError(f'{kernel}: a grid of {grid} programs exceeds CUDA\'s {MAX_GRID_YZ} on its second and '
@@ -140,11 +158,13 @@ def launch(kernel, grid: Tuple[int, ...], *args, **options) -> None:
     stream; nothing where the grid is empty.
 
     Raises:
+        MapTooLarge: a map beyond the kernels' int32 offsets (:func:`check_offsets`).
         KernelUnavailable: the kernel did not compile, load or launch (:data:`KERNEL_FAILURES`), with the error
             that stopped it. Other errors propagate as they are, under 'auto' too.
     """
     name = getattr(kernel, 'fn', kernel).__name__
     check_grid(name, grid)
+    check_offsets(name, (a for a in args if isinstance(a, Tensor)))
     if 0 in grid:
         return
     like = next(a for a in args if isinstance(a, Tensor))

@@ -7,6 +7,7 @@ from torch import Tensor
 from ..dispatch import Operator
 from ..rope import RotaryTables
 from . import naive, torch_ops
+from .shapes import check_shapes
 
 MALA_ATTENTION = Operator('mala_attention', naive.mala_attention, torch_ops.mala_attention, f'{__name__}.triton_ops')
 
@@ -24,7 +25,11 @@ def mala_attention(q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables]
         impl: 'torch', 'triton' or 'auto' (:func:`~mala_mm.ops.dispatch.uses_triton`). The kernels lay their
             output out as the heads of a channels-last map.
 
+    Raises:
+        ValueError: q, k and v of different shapes, or tables that are not (N, d).
+
     Returns:
         (B, h, N, d) in the dtype of v.
     """
+    check_shapes(q, k, v, rope)
     return MALA_ATTENTION.run(impl, v, q, k, v, rope, eps)

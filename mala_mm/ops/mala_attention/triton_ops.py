@@ -13,6 +13,7 @@ from ..triton_launch import (GPU, INTERPRETER_GPU, autocast_of, gpu_of, in_kerne
                              registers_a_thread, torch_gradients)
 from .grad_kernels import key_value_grad_kernel, query_grad_kernel
 from .kernels import output_kernel, state_kernel
+from .shapes import check_shapes
 
 # programs the state reduction aims for, over all chunks, batch items and heads: a few per SM of a large GPU, so
 # that one head of 64,000 tokens (MALA-T's first stage at 1333 x 800) spreads over the GPU
@@ -151,6 +152,10 @@ def mala_attention(q: Tensor, k: Tensor, v: Tensor, rope=None, eps: float = 1e-6
 
     Returns:
         (B, h, N, d) in v's dtype, laid out as the heads of a channels-last map.
+
+    Raises:
+        ValueError: as the torch operators' entry (:func:`~.shapes.check_shapes`).
     """
+    check_shapes(q, k, v, rope)
     cos, sin = (None, None) if rope is None else rope
     return _FusedMALAttention.apply(q, k, v, cos, sin, eps, type(rope), torch_fallback)

@@ -38,9 +38,12 @@ def rotate_qk_variants(gpu: GPU) -> Iterator[Tuple[object, dict]]:
 
 def _map_with_heads_in_place(qkvo: Tensor) -> Tensor:
     """qkvo, or a channels-last copy where its heads are not views of it (its channels not adjacent in memory, or
-    its rows not a whole number of columns apart), which the kernel could not write in place."""
+    its rows not a whole number of columns apart), which the kernel could not write in place, or where its elements
+    overlap (an expanded map: programs of different batch items or pixels would write one address twice)."""
     batch, channels, height, width = qkvo.shape
-    if qkvo.stride(1) == 1 and (height == 1 or qkvo.stride(2) == width * qkvo.stride(3)):
+    heads_in_place = qkvo.stride(1) == 1 and (height == 1 or qkvo.stride(2) == width * qkvo.stride(3))
+    # torch's own check before an in-place write: 0 no overlap, 1 overlap, 2 too involved to tell
+    if heads_in_place and torch._debug_has_internal_overlap(qkvo) == 0:
         return qkvo
     return qkvo.contiguous(memory_format=torch.channels_last)
 

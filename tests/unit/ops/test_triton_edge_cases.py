@@ -1,5 +1,7 @@
 """Inputs at the edges, where the Triton operators give what their torch operators give: eps = 0, an empty batch,
-stochastic-depth factors expanded from one value (stride 0), and more heads than a grid's second axis takes.
+stochastic-depth factors expanded from one value (stride 0), a qkvo map expanded over the batch (whose elements
+overlap), and more heads than a grid's second axis takes; and what they refuse, as the torch operators do or with
+what to do instead: q, k, v or tables of mismatched shapes, and maps beyond the kernels' int32 offsets.
 
 The kernels run on the GPU where there is one, else on the CPU in Triton's interpreter (tests/conftest.py).
 """
@@ -8,6 +10,7 @@ import torch
 
 from tests.helpers.low_precision import IMPL_MARKS, TRITON_DEVICE
 from mala_mm.models.layers import RoPE2d
+from mala_mm.ops import OPERATORS as OPERATOR_IMPLEMENTATIONS
 from mala_mm.ops.mala_attention import mala_attention
 from mala_mm.ops.depthwise import gated_depthwise_conv, residual_depthwise_conv
 from mala_mm.ops.residual import scaled_residual, scaled_residual_norm
@@ -15,7 +18,7 @@ from mala_mm.ops.rope import rotate_qk
 
 try:
     from mala_mm.ops.mala_attention.triton_ops import AttentionPlan
-    from mala_mm.ops.triton_launch import MAX_GRID_YZ, check_grid
+    from mala_mm.ops.triton_launch import MAX_GRID_YZ, MapTooLarge, check_grid, check_offsets
 except ImportError:  # without Triton, whose tests IMPL_MARKS skips
     AttentionPlan = None
 
@@ -111,3 +114,53 @@ def test_more_heads_than_a_grid_axis_takes_go_on_one_axis():
     check_grid('kernel', plan.chunk_grid())
     with pytest.raises(ValueError, match='65535'):
         check_grid('kernel', (1, MAX_GRID_YZ + 1))
+
+
+def test_rotate_qk_writes_a_map_whose_elements_overlap_through_a_copy():
+    """A map expanded over the batch (stride 0): rotating q and k in place would rotate the one memory twice, once
+    for each batch item's program (a race on a GPU). The kernel takes a copy, as for other layouts, and leaves the
+    expanded map as it was."""
+    one = torch.randn(1, 128, 3, 5).contiguous(memory_format=torch.channels_last).to(TRITON_DEVICE)
+    expanded = one.expand(3, -1, -1, -1)
+    before = one.clone()
+    ours = rotate_qk(expanded, RoPE2d(32).to(TRITON_DEVICE).tables(3, 5), 1, 'triton')
+    expected = rotate_qk(expanded.cpu().contiguous(), RoPE2d(32).tables(3, 5), 1, 'torch')
+    for a, b in zip(ours, expected):
+        torch.testing.assert_close(a.cpu(), b, rtol=1e-6, atol=1e-6)
+    assert torch.equal(one, before)
+
+
+@pytest.mark.parametrize('change', ['k heads', 'v tokens', 'q not 4-D', 'tables'])
+def test_mismatched_attention_shapes_get_the_torch_operators_error(change):
+    q, k, v = (torch.randn(2, 2, 12, 8, device=TRITON_DEVICE) for _ in range(3))
+    rope = None
+    if change == 'k heads':
+        k = k[:, :1]  # the torch operators broadcast it without a word
+    elif change == 'v tokens':
+        v = v[:, :, :10]
+    elif change == 'q not 4-D':
+        q = q[0]
+    else:
+        rope = RoPE2d(8).to(TRITON_DEVICE).tables(3, 5)  # 15 tokens' tables for 12 tokens
+    errors = []
+    for impl in ('torch', 'triton'):
+        with pytest.raises(ValueError, match='mala_attention: ') as raised:
+            mala_attention(q, k, v, rope, impl=impl)
+        errors.append(str(raised.value))
+    with pytest.raises(ValueError) as raised:  # the Triton entry, as a launcher is called
+        OPERATOR_IMPLEMENTATIONS['mala_attention'].triton(q, k, v, rope)
+    assert errors[0] == errors[1] == str(raised.value)
+
+
+def test_a_map_beyond_int32_offsets_is_refused_with_what_to_do():
+    """2^31 elements and more, on the meta device (no memory): the launch stops before the kernel would address
+    them wrongly."""
+    x = torch.empty(2, 64, 4096, 4096, device='meta').contiguous(memory_format=torch.channels_last)
+    weight, bias = torch.empty(64, 1, 3, 3, device='meta'), torch.empty(64, device='meta')
+    with pytest.raises(MapTooLarge, match=r"residual_conv_kernel: a map of shape \(2, 64, 4096, 4096\) spans "
+                                          r"2,147,483,648 elements.*use a smaller batch, or impl='torch'"):
+        OPERATOR_IMPLEMENTATIONS['residual_depthwise_conv'].triton(x, weight, bias, False)
+    memory = torch.empty(2 ** 31, device='meta')
+    check_offsets('kernel', [memory[:-1], memory[:-1].expand(4, -1)])  # 2^31 - 1 elements, some read 4 times
+    with pytest.raises(MapTooLarge, match=r'spans 2,147,483,649 elements'):  # strided: fewer values than it spans
+        check_offsets('kernel', [memory.as_strided((2, 2), (2 ** 30, 2 ** 30))])
