@@ -47,7 +47,8 @@ setup(
         # pytest-xdist: tools/run_tests.sh runs the test files on one worker per core; triton: the fused MALA
         # attention's tests run its kernels in Triton's interpreter where there is no GPU (torch's CPU wheels do not
         # bring Triton; its CUDA wheels pin their own)
-        'tests': ['pytest>=7', 'pytest-xdist>=3', 'matplotlib', "triton>=3.2; platform_system == 'Linux' and python_version >= '3.9'"],
+        'tests': ['pytest>=7', 'pytest-xdist>=3', 'matplotlib',
+                  "triton>=3.2; platform_system == 'Linux' and python_version >= '3.9'"],
         # tools/export_onnx.py: onnxscript is what torch.onnx.export's default (dynamo) exporter needs
         'deploy': ['onnx>=1.16', 'onnxruntime>=1.18', 'onnxscript>=0.2'],
     },

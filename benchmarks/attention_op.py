@@ -9,13 +9,13 @@ import argparse
 import os
 
 import torch
-
 from common import markdown_table, peak_mib, time_ms, write_results
-from mala_tools.analysis.baselines import linear_attention
+
 from mala_mm.models.layers import RoPE2d
 from mala_mm.ops import OPERATORS, TRITON_AVAILABLE
 from mala_mm.ops.mala_attention import mala_attention
 from mala_mm.ops.softmax_attention import softmax_attention
+from mala_tools.analysis.baselines import linear_attention
 
 KINDS = {'mala': mala_attention, 'softmax': softmax_attention, 'linear': linear_attention}
 if TRITON_AVAILABLE:  # measured where asked for by name (gpu_check.py's attention phase)
@@ -61,7 +61,7 @@ def main():
                         continue
                     for backward, tag in ((False, 'fwd'), (True, 'fwd+bwd')):
                         ms, mib = measure(kind, side, side, head_dims, DTYPES[dtype_name], args.heads, device,
-                                            backward)
+                                          backward)
                         row[f'{kind} {tag} ms'], row[f'{kind} {tag} MiB'] = ms, mib
                 for tag in ('fwd', 'fwd+bwd'):
                     for other in ('softmax', 'linear'):

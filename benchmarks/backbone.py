@@ -15,8 +15,8 @@ import argparse
 import os
 
 import torch
-
 from common import exact_fp32, markdown_table, peak_mib, time_ms, write_results
+
 from mala_mm import MALA
 from mala_tools.reference import reference_backbone
 
@@ -109,7 +109,8 @@ def plot_scaling(rows, path, device):
     for label in dict.fromkeys(r['model'] for r in rows):
         pts = [(r['megapixels'], r['ms']) for r in rows if r['model'] == label]
         ax.plot(*zip(*pts), '-o', label=label)
-    ax.set(xlabel='megapixels (square input)', ylabel='eval forward, ms', title=f'MALA-T cost vs pixels ({device.type})')
+    ax.set(xlabel='megapixels (square input)', ylabel='eval forward, ms',
+           title=f'MALA-T cost vs pixels ({device.type})')
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -11,10 +11,10 @@ import os
 import tempfile
 
 import torch
+from common import markdown_table, write_results
 from mmengine.logging import MMLogger
 from mmengine.optim import build_optim_wrapper
 
-from common import markdown_table, write_results
 from mala_tools.config import read_config
 from mala_tools.machine_fit import fit_optim_wrapper_to_device
 from mala_tools.model import build_model

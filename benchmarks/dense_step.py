@@ -11,13 +11,13 @@ import argparse
 import os
 
 import torch
+from common import markdown_table, peak_mib, time_ms, write_results
 from mmengine.hub import get_config
 
-from common import markdown_table, peak_mib, time_ms, write_results
+from mala_mm.sample_inputs import data_samples
 from mala_tools.config import read_config
 from mala_tools.model import build_model
 from mala_tools.reference import reference_backbone
-from mala_mm.sample_inputs import data_samples
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs')
 # per model: our config, the library's own Swin-T config of it, the input (height, width)

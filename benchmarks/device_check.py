@@ -9,9 +9,9 @@ import os
 from typing import List
 
 import torch
+from common import tf32
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from common import tf32
 from mala_mm import MALA
 from mala_mm.checkpoint import load_backbone_weights
 from mala_mm.ops.softmax_attention import softmax_attention
@@ -35,7 +35,7 @@ def fixture_errors(device: torch.device, impl: str = 'auto') -> List[dict]:
     rows = []
     for precision, (with_tf32, dtype) in PRECISIONS.items():
         with torch.no_grad(), tf32(with_tf32), torch.autocast(device.type, dtype=dtype or torch.bfloat16,
-                                                               enabled=dtype is not None):
+                                                              enabled=dtype is not None):
             outputs = model(x)
         for stage, (ours, release) in enumerate(zip(outputs, io['outputs'])):
             release = release.to(device)

@@ -18,17 +18,16 @@ import time
 from typing import Callable, Dict, List, Tuple
 
 import torch
-from torch._dynamo.utils import counters
-
 from attention_op import measure as attention_cost
 from backbone import measure as backbone_speed
 from backbone import step as backbone_step
 from backbone import swin_tiny
-from common import (RESULTS_DIR, device_name, exact_fp32, markdown_table, peak_mib, synchronize, time_ms,
-                    write_results)
+from common import RESULTS_DIR, device_name, exact_fp32, markdown_table, peak_mib, synchronize, time_ms, write_results
 from dense_step import CASES as DENSE_CASES
 from dense_step import build, fake_batch
 from device_check import fixture_errors
+from torch._dynamo.utils import counters
+
 from mala_mm import MALA
 from mala_mm.ops.dispatch import TRITON_AVAILABLE
 

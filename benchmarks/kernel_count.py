@@ -40,10 +40,9 @@ from typing import Dict, List, Optional
 os.environ.setdefault('TRITON_INTERPRET', '1')  # before mala_mm imports Triton: its kernels then run on CPU tensors
 
 import torch  # noqa: E402
+from common import markdown_table, write_results  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-
-from common import markdown_table, write_results  # noqa: E402
 
 # operators that launch no kernel: they allocate, alias or read metadata (views are told by their schema)
 NO_KERNEL = {'empty', 'empty_strided', 'new_empty', 'new_empty_strided', 'empty_like', 'detach', 'alias',
@@ -358,6 +357,7 @@ def dense_steps(model: nn.Module, batch: dict, scope: str):
 
 def backbone_rows(sizes) -> List[dict]:
     from backbone import swin_tiny
+
     from mala_mm import MALA
     models = {'MALA-T': MALA(arch='tiny', impl='triton'), TORCH_PATH: MALA(arch='tiny', impl='torch'),
               'Swin-T': swin_tiny(drop_path_rate=0.2)}

@@ -20,15 +20,14 @@ fp32 matmul rate measured in this run on a 2048^3 matmul. Writes results/cpu/onn
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
-import statistics
 import tempfile
 import time
 from typing import Callable, Dict, Sequence
 
 import torch
-
 from common import markdown_table, write_results
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

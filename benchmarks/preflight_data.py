@@ -13,8 +13,8 @@ import tempfile
 import time
 
 import torch
-
 from common import markdown_table, write_results
+
 from mala_tools.checks.config_keys import config_errors
 from mala_tools.checks.data_paths import EMPTY_SCAN_LIMIT, empty_data_files
 from mala_tools.checks.head_classes import head_class_problems

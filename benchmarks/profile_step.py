@@ -9,8 +9,8 @@ torch.profiler and charges every operator's own time to the part of the model it
 import argparse
 
 import torch
-
 from common import markdown_table, write_results
+
 from mala_mm import MALA
 from mala_tools.analysis.step_profile import charge, labelled_parts, profile, table_rows
 

@@ -11,9 +11,9 @@ import argparse
 
 import torch
 import torch.nn.functional as F
+from common import markdown_table, peak_mib, time_ms, write_results
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from common import markdown_table, peak_mib, time_ms, write_results
 from mala_mm import MALA
 from mala_tools.reference import softmax_attention as explicit
 

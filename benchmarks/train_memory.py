@@ -31,11 +31,11 @@ import os
 os.environ.setdefault('TRITON_INTERPRET', '1')  # before mala_mm imports Triton, as kernel_count sets it
 
 import torch  # noqa: E402
-from torch.utils._python_dispatch import _get_current_dispatch_mode  # noqa: E402
-
 from common import RESULTS_DIR, markdown_table, write_results  # noqa: E402
 from dense_step import CONFIGS, build, fake_batch  # noqa: E402
 from kernel_count import MIB, count, dense_part, dense_steps  # noqa: E402
+from torch.utils._python_dispatch import _get_current_dispatch_mode  # noqa: E402
+
 from mala_tools.config import read_config  # noqa: E402
 
 GPUS_GIB = (16, 24, 40, 80)
@@ -151,7 +151,8 @@ def table_rows(counts) -> tuple:
         state = counted['state']
         row = {key: counted[key] for key in ('config', 'precision', 'input', 'parameters_m')}
         peaks = ', '.join(f'{images}: {peak / MIB:.0f}' for images, peak in counted['peaks'].items())
-        row.update(state_mib=state / MIB, counted_mib=peaks, per_image_mib=per_image / MIB, gpu_2_images_mib=measured[counted['config']] / MIB
+        row.update(state_mib=state / MIB, counted_mib=peaks, per_image_mib=per_image / MIB,
+                   gpu_2_images_mib=measured[counted['config']] / MIB
                    if counted['config'] in measured else '', recipe_batch=counted['recipe_batch'],
                    recipe_gib=(state + at_zero + counted['recipe_batch'] * per_image) / 2 ** 30)
         for gib in GPUS_GIB:

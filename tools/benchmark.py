@@ -12,10 +12,10 @@ import time
 
 import torch
 
+from mala_mm.sample_inputs import data_samples
 from mala_tools.config import read_config
 from mala_tools.errors import tool_main
 from mala_tools.model import build_model
-from mala_mm.sample_inputs import data_samples
 
 
 def parse_args():

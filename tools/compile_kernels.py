@@ -140,6 +140,7 @@ def main():
     if os.environ.get('TRITON_INTERPRET') == '1':
         fail('unset TRITON_INTERPRET: under the interpreter the kernels are not compiled')
     import triton
+
     from mala_mm.ops.triton_launch import SHARED_MEMORY_BY_ARCH
     archs = args.arch or list(REQUIRED_ARCHS)
     if not args.arch:

@@ -15,8 +15,8 @@ from typing import Dict, List
 
 import torch
 
-from mala_tools.errors import fail, tool_main
 from mala_mm.checkpoint import CheckpointError, extract_backbone_state_dict, model_state, safe_load
+from mala_tools.errors import fail, tool_main
 
 
 def parse_args():

@@ -17,8 +17,8 @@ import os
 from typing import List, NoReturn, Optional
 
 import torch
-from torch import nn
 from mmengine.config import DictAction
+from torch import nn
 
 from mala_tools.config import read_config
 from mala_tools.errors import fail, tool_main
@@ -126,8 +126,7 @@ def main():
     args = parse_args()
     check_weights_named(args.checkpoint, args.random_weights)
     check_deploy_packages(args.exporter)
-    from mala_mm.export import (ExportError, ImageToTensors, check_shape, compare_in_onnxruntime,
-                                export_onnx)
+    from mala_mm.export import ExportError, ImageToTensors, check_shape, compare_in_onnxruntime, export_onnx
     try:
         if args.shape is not None:  # before the model is built: a typo costs no time
             check_shape(args.shape)

@@ -8,7 +8,6 @@ import argparse
 import time
 
 from mala_mm.datasets import BuiltinDatasetParams, dataset_summary, generate_builtin_dataset
-
 from mala_tools.errors import fail, tool_main
 
 DEFAULTS = BuiltinDatasetParams()

@@ -8,12 +8,13 @@ Examples:
     python tools/make_bundle.py --python 3.12 --out mala_mm_bundle_cp312
     python tools/make_bundle.py --python 3.12 --out mala_mm_bundle_cp312 --leave-out numpy scipy opencv-python
     # with mmcv prebuilt for the node (its CUDA ops built without a GPU: docs/offline_gpu_check.md)
-    python tools/make_bundle.py --python 3.12 --out mala_mm_bundle_cp312 --mmcv-wheel mmcv-2.1.0-cp312-cp312-linux_x86_64.whl
+    python tools/make_bundle.py --python 3.12 --out mala_mm_bundle_cp312 \
+        --mmcv-wheel mmcv-2.1.0-cp312-cp312-linux_x86_64.whl
 """
 import argparse
 
-from mala_tools.errors import tool_main
 from mala_tools.bundle import DEFAULT_PLATFORMS, folder_mib, make_bundle
+from mala_tools.errors import tool_main
 
 
 def main():

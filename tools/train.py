@@ -4,7 +4,6 @@
     tools/dist_train.sh CONFIG GPUS [same options]      # several processes; works on CPU too (gloo)
 """
 import argparse
-
 import sys
 
 import torch

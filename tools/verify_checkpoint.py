@@ -14,12 +14,12 @@ Examples:
 import argparse
 from typing import Dict
 
-from mala_tools.config import read_config
-from mala_tools.errors import fail, tool_main
-from mala_tools.model import build_backbone
 from mala_mm.checkpoint import (CheckpointError, StateDictComparison, compare_state_dict, extract_backbone_state_dict,
                                 safe_load)
 from mala_mm.models import MALA
+from mala_tools.config import read_config
+from mala_tools.errors import fail, tool_main
+from mala_tools.model import build_backbone
 
 VARIANTS = ('tiny', 'small', 'base', 'large')
 # keys that one side may legitimately lack: the output norms of the dense model's out_indices

@@ -14,12 +14,12 @@ from typing import Callable, Iterable, List, Optional
 
 import numpy as np
 import torch
-from torch import Tensor, nn
-from torch.nn.modules.batchnorm import _NormBase
 from mmengine.dist import all_reduce_params, get_rank, is_distributed, is_main_process
 from mmengine.fileio import LocalBackend, register_backend
 from mmengine.hooks import CheckpointHook, Hook
 from mmengine.registry import HOOKS
+from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _NormBase
 
 
 def replace_durably(src: str, dst: str) -> None:

@@ -2,6 +2,12 @@
 import math
 from typing import Dict, List, NamedTuple, Sequence
 
+import torch
+from torch import Tensor
+
+from .errors import ExportError
+from .wrapper import ImageToTensors
+
 # How far ONNX Runtime's detections may be from mmdet's: boxes, as a share of the image's longer side; scores;
 # the intersection over union of each detection's two binary masks; for masks as probabilities (uint8 times 255,
 # mask_thr_binary < 0), the share of each mask's pixels where the two differ by more than 0.01. Not the largest
@@ -9,12 +15,6 @@ from typing import Dict, List, NamedTuple, Sequence
 # a rounding away from an integer adds or drops a column of the mask's faint rim (binary masks at thresholds of
 # 0.5 and above never hold those pixels)
 DETECTION_BOUNDS = dict(boxes=1e-3, scores=1e-4, masks=0.99, mask_probabilities=0.01)
-
-import torch
-from torch import Tensor
-
-from .errors import ExportError
-from .wrapper import ImageToTensors
 
 
 def compare_in_onnxruntime(reference: ImageToTensors, path: str, image: Tensor) -> List[Dict[str, float]]:

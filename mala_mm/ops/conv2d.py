@@ -62,7 +62,7 @@ def _gradient(ctx, grad):
 if HAS_CUSTOM_OPS:  # torch >= 2.4; MALA(compile=...) asks for it
     @torch.library.custom_op('mala_mm::conv2d', mutates_args=())
     def conv2d_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: List[int], padding: List[int],
-               groups: int) -> Tensor:
+                  groups: int) -> Tensor:
         """``F.conv2d`` (dilation 1), the result channels-last."""
         return channels_last_strides(F.conv2d(x, weight, bias, stride, padding, 1, groups))
 

@@ -187,4 +187,3 @@ def _log_once(gpu, why_not: str) -> None:
         GPUS_LOGGED.add(gpu)
         print_log(f"impl='auto': {why_not}; the blocks' operators run in torch operators", logger='current',
                   level=logging.WARNING)
-

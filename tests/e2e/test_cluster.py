@@ -11,9 +11,8 @@ import sys
 import pytest
 import torch
 
-from tests.helpers import (DATA_DIR, HELPERS_DIR, ROOT, config_with_hooks, free_port, load_config, run_tool,
-                           tool_env)
 from mala_mm.checkpoint import safe_load
+from tests.helpers import DATA_DIR, HELPERS_DIR, ROOT, config_with_hooks, free_port, load_config, run_tool, tool_env
 
 CONFIG = osp.join(DATA_DIR, 'upernet_mala_narrow_64px_builtin.py')
 ITERS, INTERVAL = 12, 4
@@ -159,6 +158,7 @@ def test_two_process_segmentation_test_exits_cleanly_every_time(builtin_workspac
     the GIL too late and the process aborted ('terminate called without an active exception'). Every process
     must also have joined its gloo worker threads before the interpreter begins to exit."""
     import importlib
+
     from mmengine.registry import init_default_scope
     config = osp.join(ROOT, 'configs/segmentation/upernet_mala_t_builtin.py')
     cfg = load_config(config)

@@ -14,8 +14,8 @@ import pytest
 import torch
 from mmengine.config import Config
 
-from tests.helpers import ROOT, run_tool
 from mala_mm import MALA
+from tests.helpers import ROOT, run_tool
 
 pytestmark = pytest.mark.slow
 

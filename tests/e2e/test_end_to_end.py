@@ -12,9 +12,9 @@ import pytest
 import torch
 from mmengine.registry import init_default_scope
 
-from tests.helpers import ROOT, call_tool, load_config, run_tool
 from mala_mm.checkpoint import safe_load
 from mala_mm.datasets import SEG_CLASSES
+from tests.helpers import ROOT, call_tool, load_config, run_tool
 
 DET_CONFIG = osp.join(ROOT, 'configs/detection/mask_rcnn_mala_t_builtin.py')
 CASCADE_CONFIG = osp.join(ROOT, 'configs/detection/cascade_mask_rcnn_mala_t_builtin.py')
@@ -215,14 +215,15 @@ EXPORT_CHECKS = [('000003.jpg', (128, 128)), ('000010.jpg', (165, 107)), ('00002
 @pytest.mark.parametrize('config, training', [(DET_CONFIG, 'mask_rcnn_training'),
                                               (CASCADE_CONFIG, 'cascade_training')])
 def test_trained_two_stage_detectors_export_to_mmdets_detections_in_plain_onnx(request, builtin_workspace, tmp_path,
-                                                                            config, training):
+                                                                               config, training):
     """The trained Mask R-CNN and Cascade Mask R-CNN exported with --nms: one graph of standard ONNX operators from
     the image to boxes, scores, labels and masks. On validation images at sizes the export never saw, ONNX
     Runtime finds the detections mmdet's ``predict`` finds, within DETECTION_BOUNDS (the same count, equal labels,
     boxes within a thousandth of the image, scores within 1e-4, each mask's IoU at least 0.99)."""
     import onnx
-    from mala_tools.model import build_model
+
     from mala_mm.export import DETECTION_BOUNDS, ImageToTensors, compare_in_onnxruntime
+    from mala_tools.model import build_model
     checkpoint = str(request.getfixturevalue(training)[1])
     path = tmp_path / 'detector.onnx'
     output = run(['export_onnx.py', config, checkpoint, '--out', str(path), '--shape', '96', '160', '--dynamic',

@@ -9,8 +9,8 @@ import signal
 import pytest
 import torch
 
-from tests.helpers import DATA_DIR, HELPERS_DIR, config_with_hooks, run_tool
 from mala_mm.checkpoint import CheckpointError, safe_load
+from tests.helpers import DATA_DIR, HELPERS_DIR, config_with_hooks, run_tool
 
 SEG_CONFIG = osp.join(DATA_DIR, 'upernet_mala_narrow_64px_builtin.py')
 ITERS, INTERVAL = 12, 4  # checkpoints at iterations 4, 8 and 12

@@ -5,7 +5,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 class LaunchRecord(TorchDispatchMode):
     """The kernels that the code under it launches, by name: Triton's, and the ATen operators less the views and
-    those that allocate or answer a dtype question, which launch none. The interpreter's own torch calls, while a Triton kernel runs, are not counted.
+    those that allocate or answer a dtype question, which launch none. The interpreter's own torch calls, while a
+    Triton kernel runs, are not counted.
 
     Args:
         monkeypatch: pytest's, which patches Triton's launcher for the test.

@@ -5,9 +5,10 @@ from typing import Callable, Sequence, Tuple
 import pytest
 import torch
 
-from tests.helpers import relative_error
 from mala_mm.ops import OPERATORS, TRITON_AVAILABLE
-from mala_mm.ops.dispatch import NEEDS_TRITON as TRITON_FLOOR, TRITON_MISSING
+from mala_mm.ops.dispatch import NEEDS_TRITON as TRITON_FLOOR
+from mala_mm.ops.dispatch import TRITON_MISSING
+from tests.helpers import relative_error
 
 
 def cpu_autocast_takes(dtype) -> bool:

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers import ROOT, call_tool
 from mala_mm import MALA
 from mala_tools.analysis import attention_scores as insight
+from tests.helpers import ROOT, call_tool
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ import sys
 import pytest
 import torch
 
-from tests.helpers import ROOT
-from mala_tools.errors import ToolError
 from mala_tools.bundle import bundle_packages, installed_closure, make_bundle, marker_environment, python_tag
+from mala_tools.errors import ToolError
+from tests.helpers import ROOT
 
 INSTALL_SH = os.path.join(ROOT, 'tools', 'bundle_install.sh')
 # every phase of the quick check but the compiled backbone's, which test_compile.py checks with this torch; the
@@ -74,7 +74,8 @@ def test_a_prebuilt_mmcv_must_fit_the_bundles_python(tmp_path, name, message):
     with pytest.raises(ToolError, match=message):
         make_bundle(str(tmp_path / 'bundle'), '3.12', mmcv_wheel=str(tmp_path / name))
     with pytest.raises(ToolError, match='no such file'):
-        make_bundle(str(tmp_path / 'bundle'), '3.12', mmcv_wheel=str(tmp_path / 'mmcv-2.1.0-cp312-cp312-linux_x86_64.whl'))
+        make_bundle(str(tmp_path / 'bundle'), '3.12',
+                    mmcv_wheel=str(tmp_path / 'mmcv-2.1.0-cp312-cp312-linux_x86_64.whl'))
 
 
 def fake_bundle(folder, python=THIS_PYTHON, left_out=()):

@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT, git_env
 from mala_tools.source_tree import copy_source_files
+from tests.helpers import ROOT, git_env
 
 # the tests whose subject is the repository's files: its layout against the tree, its pages
 REPOSITORY_TESTS = ('tests/tools/test_repository.py', 'tests/tools/test_docs.py')

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import DATA_DIR, ROOT, call_tool
 from mala_mm import MALA
 from mala_mm.checkpoint import load_backbone_weights
+from tests.helpers import DATA_DIR, ROOT, call_tool
 
 REPO = Path(ROOT)
 DET_CKPT = os.path.join(DATA_DIR, 'official_det_ckpt.pth')

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, call_tool, load_config
 from mala_tools.checks import config_keys
+from tests.helpers import ROOT, call_tool, load_config
 
 CONFIG_ROOT = Path(ROOT) / 'configs'
 DET_CONFIG = str(CONFIG_ROOT / 'detection/mask_rcnn_mala_t_builtin.py')

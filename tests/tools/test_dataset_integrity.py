@@ -53,8 +53,8 @@ def skip_at_most(limit):
 def train(workspace, *options):
     return call_tool(['train.py', SEG_CONFIG, '--work-dir', str(workspace / 'work'), '--cfg-options',
                      'train_cfg.max_iters=6', 'param_scheduler.0.end=2', 'param_scheduler.1.begin=2',
-                     'param_scheduler.1.end=6', 'val_cfg=None', 'val_dataloader=None', 'val_evaluator=None',
-                     *options], workspace)
+                      'param_scheduler.1.end=6', 'val_cfg=None', 'val_dataloader=None', 'val_evaluator=None',
+                      *options], workspace)
 
 
 def test_training_skips_undecodable_images_with_a_warning_naming_each(workspace):

@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch import nn
 
-from tests.helpers import ROOT, call_tool, load_config
 from mala_mm import MALA
 from mala_tools.analysis.flops import attention_macs, count_macs, count_model_macs
 from mala_tools.model import build_model
+from tests.helpers import ROOT, call_tool, load_config
 
 
 def run_get_flops(*args):

@@ -7,10 +7,10 @@ import pytest
 import torch
 from mmengine.registry import DefaultScope
 
-from tests.helpers import ROOT, call_tool, load_config
+from mala_mm.datasets import BuiltinDatasetParams, generate_builtin_dataset
 from mala_tools.checks.data_paths import EmptyDataFileError, check_data_paths, empty_data_files
 from mala_tools.model import build_model
-from mala_mm.datasets import BuiltinDatasetParams, generate_builtin_dataset
+from tests.helpers import ROOT, call_tool, load_config
 
 DET_CONFIG = osp.join(ROOT, 'configs/detection/mask_rcnn_mala_t_builtin.py')
 SEG_CONFIG = osp.join(ROOT, 'configs/segmentation/upernet_mala_t_builtin.py')

@@ -366,7 +366,8 @@ def test_the_setups_cuda_toolkit_compiles_for_one_architecture(tmp_path):
     (tmp_path / 'scale.cu').write_text('__global__ void scale(float *x) { x[threadIdx.x] *= 2.0f; }\n')
     compiled = subprocess.run([str(home / 'bin' / 'nvcc'), '-arch=sm_90', '-c', str(tmp_path / 'scale.cu'), '-o',
                                str(tmp_path / 'scale.o')], capture_output=True, text=True, timeout=300,
-                              env={**os.environ, 'CUDA_HOME': str(home), 'PATH': f'{home / "bin"}:{os.environ["PATH"]}'})
+                              env={**os.environ, 'CUDA_HOME': str(home),
+                                   'PATH': f'{home / "bin"}:{os.environ["PATH"]}'})
     assert compiled.returncode == 0, compiled.stderr
     assert (tmp_path / 'scale.o').stat().st_size > 0
 

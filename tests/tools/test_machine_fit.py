@@ -5,8 +5,8 @@ import os.path as osp
 import pytest
 from mmengine.config import Config
 
-from tests.helpers import ROOT, load_config, run_tool
 from mala_tools.machine_fit import REMOVED, describe_changes, fit_optim_wrapper_to_device, sync_bn_to_bn
+from tests.helpers import ROOT, load_config, run_tool
 
 SEG_CONFIG = osp.join(ROOT, 'configs/segmentation/upernet_mala_t_builtin.py')
 
@@ -34,7 +34,7 @@ def test_optim_wrapper_follows_the_device():
     assert on_cpu.type == 'OptimWrapper' and 'loss_scale' not in on_cpu and on_cpu.optimizer == paper.optimizer
     bf16 = paper.copy()
     assert [c.after for c in fit_optim_wrapper_to_device(bf16, amp=True, cuda=False)] == ['CPUAmpOptimWrapper',
-                                                                                           REMOVED]
+                                                                                          REMOVED]
     assert bf16.type == 'CPUAmpOptimWrapper' and 'loss_scale' not in bf16
     fp32 = dict(type='OptimWrapper', optimizer=dict(type='AdamW', lr=1e-3))
     for amp, cuda in ((False, False), (False, True)):

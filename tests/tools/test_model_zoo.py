@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import ROOT, call_tool, load_config
-from mala_tools import model_zoo
 from mala_mm import MALA
+from mala_tools import model_zoo
+from tests.helpers import ROOT, call_tool, load_config
 
 REPO = Path(ROOT)
 VARIANTS = {'tiny': 'MALA-T', 'small': 'MALA-S', 'base': 'MALA-B', 'large': 'MALA-L'}

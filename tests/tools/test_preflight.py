@@ -6,9 +6,9 @@ import shutil
 
 import pytest
 
-from tests.helpers import BUILTIN_CONFIGS, CONFIG_ROOT, LEAF_CONFIGS, call_tool, load_config
 from mala_tools.checks.data_paths import DatasetNotFoundError, check_data_paths
 from mala_tools.checks.head_classes import head_class_problems
+from tests.helpers import BUILTIN_CONFIGS, CONFIG_ROOT, LEAF_CONFIGS, call_tool, load_config
 
 ALL_LOADERS = ('train_dataloader', 'val_dataloader', 'test_dataloader')
 FIVE = ['ant', 'bee', 'cicada', 'dragonfly', 'earwig']

@@ -5,9 +5,9 @@ import math
 import torch
 
 from mala_mm import MALA
-from mala_tools.analysis.step_profile import PREFIX, charge, labelled_parts, profile, table_rows
 from mala_mm.ops.mala_attention import torch_ops as attention_ops
 from mala_mm.ops.rope import torch_ops as rope_ops
+from mala_tools.analysis.step_profile import PREFIX, charge, labelled_parts, profile, table_rows
 
 
 def test_a_train_step_is_charged_to_the_parts_that_ran_it(small_arch):

@@ -13,13 +13,13 @@ import os
 import pytest
 import torch
 
-from tests.helpers import DATA_DIR
 from mala_mm import MALA
 from mala_mm.checkpoint import load_backbone_weights
 from mala_mm.models.layers import RoPE2d
 from mala_mm.ops.mala_attention import naive
 from mala_tools import reference
 from mala_tools.reference import relative_error
+from tests.helpers import DATA_DIR
 
 FP32_LAYERS = 4 + 6 + 3
 ONE_FP32_EVALUATION = FP32_LAYERS * torch.finfo(torch.float32).eps

@@ -7,8 +7,8 @@ needs the history, is checked by tools/check_commits.py (.ci/run; docs/dev/commi
 import os
 import re
 
-from tests.helpers import ROOT
 from mala_tools.source_tree import source_files
+from tests.helpers import ROOT
 
 LAYOUT = os.path.join(ROOT, 'docs', 'dev', 'layout.md')
 # the folders whose every module and script the layout names: its unit of description

@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
-from tests.helpers import ROOT, git_env
 from mala_tools.source_tree import source_files
+from tests.helpers import ROOT, git_env
 
 # what a working checkout gathers beside its files: the environment, caches, builds, runs, datasets, weights
 CHECKOUT_LEFTOVERS = ('.venv/bin/python', '.venv/lib/site.py', 'mala_mm/__pycache__/mala.cpython-311.pyc',
@@ -19,16 +19,16 @@ SOURCES = ('setup.py', 'mala_mm/__init__.py', 'tools/run_tests.sh', 'tests/data/
 
 # gitignore(5)'s forms: anchored and not, folders only, negation (which cannot bring back a file of an ignored
 # folder), '**', character classes, a nested .gitignore
-PATTERNS = '# a comment\n\n*.log\n!keep.log\n/top_only.txt\nbuild/\n!build/out.o\ndocs/**/draft_*.md\ncache_[0-9].bin\n' \
-           'a/**/deep.txt\n[!x]y.tmp\nlogs/\n!logs/\n'
+PATTERNS = '# a comment\n\n*.log\n!keep.log\n/top_only.txt\nbuild/\n!build/out.o\ndocs/**/draft_*.md\n' \
+           'cache_[0-9].bin\na/**/deep.txt\n[!x]y.tmp\nlogs/\n!logs/\n'
 NESTED_PATTERNS = '*.txt\n!notes.txt\n/local.md\n'
 TREE = ('run.log', 'keep.log', 'sub/run.log', 'sub/keep.log', 'top_only.txt', 'sub/top_only.txt', 'build/out.o',
         'sub/build/out.o', 'build.py', 'docs/draft_a.md', 'docs/x/draft_b.md', 'docs/x/y/draft_c.md', 'docs/final.md',
         'cache_1.bin', 'cache_a.bin', 'a/deep.txt', 'a/b/c/deep.txt', 'b/deep.txt', 'ay.tmp', 'xy.tmp',
         'logs/today.log', 'logs/today.txt', 'pkg/a.txt', 'pkg/notes.txt', 'pkg/local.md', 'pkg/sub/local.md',
         'pkg/sub/b.txt')
-LEFT = ['b/deep.txt', 'build.py', 'docs/final.md', 'keep.log', 'logs/today.txt', 'pkg/notes.txt', 'pkg/sub/local.md', 'sub/keep.log', 'sub/top_only.txt',
-        'xy.tmp', 'cache_a.bin']
+LEFT = ['b/deep.txt', 'build.py', 'docs/final.md', 'keep.log', 'logs/today.txt', 'pkg/notes.txt', 'pkg/sub/local.md',
+        'sub/keep.log', 'sub/top_only.txt', 'xy.tmp', 'cache_a.bin']
 
 
 def make_tree(root, files, gitignores):

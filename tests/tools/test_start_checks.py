@@ -4,9 +4,9 @@ import os
 
 import pytest
 
-from tests.helpers import CONFIG_ROOT, call_tool, load_config
 from mala_tools import distributed
 from mala_tools.checks.batch import batch_notice
+from tests.helpers import CONFIG_ROOT, call_tool, load_config
 
 PAPER_CONFIG = str(CONFIG_ROOT / 'segmentation/upernet_mala_b.py')  # 2 images a process, lr set for 16
 

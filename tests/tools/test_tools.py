@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import HELPERS_DIR, ROOT, call_tool, load_config, run_tool
 from mala_tools.errors import ToolError
 from mala_tools.model import build_model
+from tests.helpers import HELPERS_DIR, ROOT, call_tool, load_config, run_tool
 from tests.helpers.hostile_pickles import WritesAFile
 
 DET_CONFIG = osp.join(ROOT, 'configs/detection/mask_rcnn_mala_t_builtin.py')
@@ -60,7 +60,7 @@ def test_missing_pretrained_weights_are_named_before_training(tmp_path):
 
 def test_cfg_options_that_cannot_merge_are_one_line(tmp_path):
     result = call_tool(['train.py', DET_CONFIG, '--cfg-options', 'model.backbone.init_cfg.type=Pretrained'],
-                      cwd=tmp_path)
+                       cwd=tmp_path)
     assert result.returncode == 2
     assert 'error: --cfg-options: init_cfg=' in result.stderr and 'Traceback' not in result.stderr
 
@@ -68,7 +68,7 @@ def test_cfg_options_that_cannot_merge_are_one_line(tmp_path):
 def test_other_datasets_get_a_generic_hint(tmp_path):
     result = call_tool(['train.py', SEG_CONFIG, '--cfg-options',
                        'train_dataloader.dataset.data_root=data/ade/', 'val_dataloader.dataset.data_root=data/ade/'],
-                      cwd=tmp_path)
+                       cwd=tmp_path)
     assert result.returncode == 2
     assert "dataset not found under 'data/ade/'" in result.stderr
     assert 'dataset guides' in result.stderr and 'make_builtin_dataset' not in result.stderr
@@ -201,7 +201,7 @@ def test_a_checkpoint_that_would_run_code_is_refused_on_every_path(builtin_works
                      f'model.backbone.init_cfg.checkpoint={hostile}'],
     }[entry]
     result = call_tool([*args, '--work-dir', str(tmp_path / 'work')],
-                      cwd=builtin_workspace)
+                       cwd=builtin_workspace)
     assert result.returncode == 2, result.stderr[-3000:]
     assert f"error: refused to load '{hostile}'" in result.stderr and 'Traceback' not in result.stderr
     assert not marker.exists()
@@ -209,7 +209,7 @@ def test_a_checkpoint_that_would_run_code_is_refused_on_every_path(builtin_works
 
 def test_a_truncated_checkpoint_is_explained(builtin_workspace, tmp_path):
     result = call_tool(['test.py', SEG_CONFIG, truncated_checkpoint(tmp_path), '--work-dir', str(tmp_path / 'work')],
-                      cwd=builtin_workspace)
+                       cwd=builtin_workspace)
     assert result.returncode == 2, result.stderr[-3000:]
     assert 'it is truncated or corrupted' in result.stderr and 'Traceback' not in result.stderr
 
@@ -220,7 +220,7 @@ def test_a_truncated_checkpoint_is_explained(builtin_workspace, tmp_path):
 ])
 def test_backbone_arguments_that_cannot_build_a_mala_are_one_line(builtin_workspace, tmp_path, option, message):
     result = call_tool(['train.py', SEG_CONFIG, '--work-dir', str(tmp_path / 'work'), '--cfg-options', option],
-                      cwd=builtin_workspace)
+                       cwd=builtin_workspace)
     assert result.returncode == 2, result.stderr[-3000:]
     assert message in result.stderr and 'Traceback' not in result.stderr
 

@@ -13,10 +13,10 @@ from mmengine.optim import build_optim_wrapper
 from mmengine.registry import PARAM_SCHEDULERS, init_default_scope
 from torch import nn
 
-from tests.helpers import BUILTIN_CONFIGS, CONFIG_ROOT, LEAF_CONFIGS, load_config
-from mala_tools import model_zoo
 from mala_mm import MALA
 from mala_mm.sample_inputs import data_samples
+from mala_tools import model_zoo
+from tests.helpers import BUILTIN_CONFIGS, CONFIG_ROOT, LEAF_CONFIGS, load_config
 
 # the model, the hooks and optim wrapper the configs and tools/train.py --amp name, and checkpoints read as data
 MALA_IMPORTS = dict(imports=['mala_mm', 'mala_mm.engine', 'mala_mm.safe_loading'], allow_failed_imports=False)

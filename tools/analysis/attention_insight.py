@@ -30,11 +30,11 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch import Tensor  # noqa: E402
 
+from mala_mm.models import MALA  # noqa: E402
 from mala_tools.analysis.attention_scores import (KINDS, BlockAttention, capture_block, magnitude_curves,  # noqa: E402
-                                               score_matrix)
+                                                  score_matrix)
 from mala_tools.errors import fail, tool_main  # noqa: E402
 from mala_tools.model import build_backbone  # noqa: E402
-from mala_mm.models import MALA  # noqa: E402
 
 # the configs' data_preprocessor (ImageNet statistics, RGB)
 MEAN, STD = np.array([123.675, 116.28, 103.53]), np.array([58.395, 57.12, 57.375])

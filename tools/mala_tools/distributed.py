@@ -11,7 +11,6 @@ from mmengine.dist import init_dist
 from .errors import fail
 from .machine_fit import ConfigChange, sync_bn_to_bn
 
-
 # the ports slurm jobs take, below Linux's ephemeral ports (32768 and up), which outgoing connections take
 SLURM_PORTS = range(20000, 30000)
 

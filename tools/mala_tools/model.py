@@ -15,8 +15,8 @@ from torch import nn
 from mala_mm.checkpoint import CheckpointError, load_backbone_weights, safe_load
 from mala_mm.models import MALA, MALAConfigError
 
-from .errors import build_error_message, fail, missing_local_file
 from .checks.config_keys import config_errors
+from .errors import build_error_message, fail, missing_local_file
 
 # what the registry raises on a config it cannot build: a type no registry knows (KeyError), an argument the class
 # does not take (TypeError); MALA's own checks of its arguments

@@ -21,6 +21,7 @@ from typing import List, Tuple
 import yaml
 
 from mala_mm import MALA
+
 from .errors import fail, require_file
 
 START, END = '<!-- model-zoo:start -->', '<!-- model-zoo:end -->'

@@ -49,7 +49,7 @@ class _BatchNormGELU(torch.autograd.Function):
             launch(gelu_grad_kernel, (triton.cdiv(num_pixels, block_p), triton.cdiv(channels, block_c)), x, grad, mean,
                    invstd, weight, bias, grad_normed, channels, num_pixels, BLOCK_P=block_p, BLOCK_C=block_c)
             return torch.ops.aten.native_batch_norm_backward(grad_normed, x, weight, None, None, mean, invstd, True,
-                                                              ctx.eps, [True, True, True])
+                                                             ctx.eps, [True, True, True])
 
         def in_torch():  # the batch's statistics, as the forward took them; the running ones not updated again
             return torch_gradients(lambda *args: ctx.torch_fallback(*args, None, None, ctx.momentum, ctx.eps),

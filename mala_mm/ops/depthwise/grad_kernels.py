@@ -4,8 +4,8 @@ import triton
 import triton.language as tl
 
 from ..triton_helpers import gelu_slope
-from .kernels import (PIXEL_ARGS, activation, channel_tile, load, load_moved, moved_inside, pixel_tile,
-                      pointers, store, store_partial_sums, tap_offset, tap_weights)
+from .kernels import (PIXEL_ARGS, activation, channel_tile, load, load_moved, moved_inside, pixel_tile, pointers, store,
+                      store_partial_sums, tap_offset, tap_weights)
 
 
 @triton.jit(do_not_specialize=PIXEL_ARGS + ['tiles_per_program'])

@@ -5,8 +5,8 @@ import triton
 import triton.language as tl
 
 from ..triton_helpers import TOKEN_ARGS, load_tile
-from .kernels import (block, features, head, matrix_block, phi_slope, program, query_product, query_terms,
-                      rotated_back, state_size, store_block, vector_block)
+from .kernels import (block, features, head, matrix_block, phi_slope, program, query_product, query_terms, rotated_back,
+                      state_size, store_block, vector_block)
 
 
 @triton.jit(do_not_specialize=TOKEN_ARGS + ['chunk_tokens', 'num_chunks'])

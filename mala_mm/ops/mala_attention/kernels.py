@@ -38,7 +38,6 @@ def phi_slope(x):
     return tl.where(x > 0, 1.0, tl.exp(tl.minimum(x, 0.0)))
 
 
-
 @triton.jit
 def features(ptr, stride_n, cos_ptr, sin_ptr, rows, cols, num_tokens, head_dims,
              HAS_ROPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):

@@ -9,8 +9,8 @@ import triton
 from torch import Tensor
 
 from ..triton_helpers import heads_of_channels_last_map, strides, unit_stride
-from ..triton_launch import (GPU, INTERPRETER_GPU, autocast_of, gpu_of, in_kernels_or_torch, launch,
-                             registers_a_thread, torch_gradients)
+from ..triton_launch import (GPU, INTERPRETER_GPU, autocast_of, gpu_of, in_kernels_or_torch, launch, registers_a_thread,
+                             torch_gradients)
 from .grad_kernels import key_value_grad_kernel, query_grad_kernel
 from .kernels import output_kernel, state_kernel
 from .shapes import check_shapes
@@ -139,7 +139,7 @@ def _gradients(q: Tensor, k: Tensor, v: Tensor, cos: Optional[Tensor], sin: Opti
 
 
 def mala_attention(q: Tensor, k: Tensor, v: Tensor, rope=None, eps: float = 1e-6,
-                         torch_fallback: Optional[Callable] = None) -> Tensor:
+                   torch_fallback: Optional[Callable] = None) -> Tensor:
     """:func:`~mala_mm.ops.mala_attention.mala_attention` in Triton kernels, with the same arguments.
 
     Args:

@@ -60,8 +60,8 @@ def _normalised(out, valid, channels, eps):
 
 @triton.jit(do_not_specialize=PIXEL_ARGS)
 def residual_kernel(x_ptr, branch_ptr, gamma_ptr, factors_ptr, weight_ptr, bias_ptr, out_ptr, normed_ptr,
-                     stride_nb, stride_np, stride_nc, num_pixels, pixels_per_item, channels, eps,
-                     HAS_FACTORS: tl.constexpr, NORM: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+                    stride_nb, stride_np, stride_nc, num_pixels, pixels_per_item, channels, eps,
+                    HAS_FACTORS: tl.constexpr, NORM: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
     """out = x + scale * branch; normed = LayerNorm(out) where NORM, at the strides stride_n* (batch item, pixel,
     channel)."""
     pixels, chans, valid, offsets = _tile(tl.program_id(0), num_pixels, channels, BLOCK_P, BLOCK_C)
@@ -81,10 +81,10 @@ def residual_kernel(x_ptr, branch_ptr, gamma_ptr, factors_ptr, weight_ptr, bias_
 
 @triton.jit(do_not_specialize=PIXEL_ARGS + ['tiles_per_program'])
 def residual_grad_kernel(x_ptr, branch_ptr, gamma_ptr, factors_ptr, weight_ptr, grad_ptr, grad_normed_ptr,
-                          grad_stream_ptr, grad_branch_ptr, partial_ptr, stride_gb, stride_gp, stride_gc,
-                          num_pixels, pixels_per_item, channels, eps, tiles_per_program,
-                          HAS_FACTORS: tl.constexpr, NORM: tl.constexpr, SUM_KEPT: tl.constexpr,
-                          BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+                         grad_stream_ptr, grad_branch_ptr, partial_ptr, stride_gb, stride_gp, stride_gc,
+                         num_pixels, pixels_per_item, channels, eps, tiles_per_program,
+                         HAS_FACTORS: tl.constexpr, NORM: tl.constexpr, SUM_KEPT: tl.constexpr,
+                         BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
     """The gradients of the stream (where NORM: the stream's own plus the LayerNorm's; else it is ``grad`` itself
     and not written) and of the branch, for tiles_per_program tiles; the program's sums of the gradients of gamma,
     and where NORM of the norm's weight and bias, into its row of ``partial`` (3 x channels). The normalised map's

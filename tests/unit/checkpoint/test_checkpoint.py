@@ -14,14 +14,14 @@ import zipfile
 import numpy as np
 import pytest
 import torch
-from mmengine.logging import HistoryBuffer, MMLogger
 from mmdet.registry import MODELS
+from mmengine.logging import HistoryBuffer, MMLogger
 from mmengine.registry import init_default_scope
 
-from tests.helpers import DATA_DIR, OFFICIAL_LAYOUT_DIR, ROOT, load_config
-from tests.helpers.hostile_pickles import Calls, LooksUpAMethod, WritesAFile
 from mala_mm import MALA
 from mala_mm.checkpoint import CheckpointError, CheckpointNotFoundError, extract_backbone_state_dict, safe_load
+from tests.helpers import DATA_DIR, OFFICIAL_LAYOUT_DIR, ROOT, load_config
+from tests.helpers.hostile_pickles import Calls, LooksUpAMethod, WritesAFile
 
 DET_CKPT = os.path.join(DATA_DIR, 'official_det_ckpt.pth')
 
@@ -376,6 +376,7 @@ def test_mmdets_own_train_py_resumes_a_config_here(builtin_workspace, tmp_path):
     for mala_mm.safe_loading, without which torch >= 2.6 refuses mmengine's checkpoint (numpy and HistoryBuffer in
     its meta)."""
     import mmdet
+
     from tests.helpers import ROOT, tool_env
     train = [sys.executable, os.path.join(os.path.dirname(mmdet.__file__), '.mim/tools/train.py'),
              os.path.join(ROOT, 'configs/detection/mask_rcnn_mala_t_builtin.py'), '--work-dir', str(tmp_path)]

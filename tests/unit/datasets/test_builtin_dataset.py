@@ -12,9 +12,8 @@ import pytest
 from mmengine.registry import init_default_scope
 from pycocotools.coco import COCO
 
+from mala_mm.datasets import CLASSES, SEG_CLASSES, BuiltinDatasetParams, generate_builtin_dataset, read_params
 from tests.helpers import ROOT, load_config
-from mala_mm.datasets import (CLASSES, SEG_CLASSES, BuiltinDatasetParams, generate_builtin_dataset,
-                              read_params)
 
 DET_CONFIG = osp.join(ROOT, 'configs/detection/mask_rcnn_mala_t_builtin.py')
 SEG_CONFIG = osp.join(ROOT, 'configs/segmentation/upernet_mala_t_builtin.py')

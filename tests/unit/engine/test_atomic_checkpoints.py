@@ -42,8 +42,9 @@ def train(work_dir, iters: int, fail_at_iter: int = 0, **hook_args):
 
     runner = Runner(
         model=ToyModel(), work_dir=str(work_dir), default_scope='mmengine',
-        train_dataloader=dict(dataset=[dict(inputs=torch.ones(2))] * 4, sampler=dict(type='DefaultSampler', shuffle=False),
-                              batch_size=1, collate_fn=dict(type='default_collate')),
+        train_dataloader=dict(dataset=[dict(inputs=torch.ones(2))] * 4,
+                              sampler=dict(type='DefaultSampler', shuffle=False), batch_size=1,
+                              collate_fn=dict(type='default_collate')),
         train_cfg=dict(by_epoch=False, max_iters=iters), optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1)),
         default_hooks=dict(checkpoint=dict(type='AtomicCheckpointHook', interval=1, by_epoch=False, **hook_args)))
     try:

@@ -5,12 +5,12 @@ import onnxruntime
 import pytest
 import torch
 
-from tests.helpers import ROOT, load_config
 from mala_mm import MALA
-from mala_tools.model import build_model
 from mala_mm.export import (ExportError, ImageToTensors, check_shape, compare_detections, compare_in_onnxruntime,
                             export_onnx, pair_detections)
 from mala_mm.sample_inputs import data_samples, image_metainfo
+from mala_tools.model import build_model
+from tests.helpers import ROOT, load_config
 
 RETINANET_CONFIG = f'{ROOT}/configs/detection/retinanet_mala_t_builtin.py'
 

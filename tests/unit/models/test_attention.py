@@ -3,11 +3,11 @@ awareness, and the modules' and the tables' checks."""
 import pytest
 import torch
 
-from mala_tools.analysis.attention_scores import score_matrix
 from mala_mm.models.layers import MALAttention, RoPE2d, SoftmaxAttention
 from mala_mm.ops.mala_attention import naive
-from mala_mm.ops.softmax_attention import softmax_attention
 from mala_mm.ops.rope import apply_rope
+from mala_mm.ops.softmax_attention import softmax_attention
+from mala_tools.analysis.attention_scores import score_matrix
 
 B, HEADS, H, W, D = 2, 3, 5, 7, 8
 N = H * W

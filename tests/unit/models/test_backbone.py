@@ -10,11 +10,11 @@ import pytest
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from tests.helpers import DATA_DIR, feature_loss
-from tests.helpers.low_precision import IMPLS, TRITON_DEVICE
 from mala_mm import MALA
 from mala_mm.checkpoint import load_backbone_weights
 from mala_mm.models import MALAConfigError
+from tests.helpers import DATA_DIR, feature_loss
+from tests.helpers.low_precision import IMPLS, TRITON_DEVICE
 
 VARIANT_PARAMS = {'tiny': 13_347_328, 'small': 24_040_896, 'base': 46_691_296, 'large': 93_561_760}
 
@@ -279,6 +279,7 @@ def test_a_config_over_mmsegs_own_upernet_base_loads_model_pretrained_and_trains
     from mmengine.registry import init_default_scope
     from mmengine.structures import PixelData
     from mmseg.registry import MODELS
+
     from mala_mm.sample_inputs import data_samples
     checkpoint = os.path.join(DATA_DIR, 'official_det_ckpt.pth')
     arch = torch.load(os.path.join(DATA_DIR, 'official_det_io.pth'), weights_only=True)['arch']

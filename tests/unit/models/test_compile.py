@@ -181,4 +181,3 @@ def test_tracing_for_export_sees_the_plain_model():
         assert 'mala_mm::' not in str(traced.inlined_graph)
         for ours, expected in zip(traced(x), eager.eval()(x)):
             torch.testing.assert_close(ours, expected)
-

@@ -9,13 +9,13 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from tests.helpers import feature_loss
-from tests.helpers.low_precision import IMPL_MARKS, IMPLS, TRITON_DEVICE
 from mala_mm import MALA
 from mala_mm.models import MALAConfigError
 from mala_mm.models.layers import MALAttention, QKVOProjection, RoPE2d, SoftmaxAttention
 from mala_mm.ops import dispatch
 from mala_mm.ops.dispatch import uses_triton
+from tests.helpers import feature_loss
+from tests.helpers.low_precision import IMPL_MARKS, IMPLS, TRITON_DEVICE
 
 pytestmark = IMPL_MARKS['triton']
 

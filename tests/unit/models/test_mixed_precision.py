@@ -16,14 +16,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.helpers import SMALL_ARCH, feature_loss, relative_error
-from tests.helpers.low_precision import (DTYPES, IMPLS, IMPL_MARKS, LOW_PRECISIONS, MARKS, NAMES, NEEDS_CPU_FP16,
-                                         TRITON_DEVICE, attention_impl)
 from mala_mm import MALA
-from mala_tools import reference
 from mala_mm.models.layers import MALAttention, RoPE2d
 from mala_mm.ops.mala_attention import mala_attention, naive
-
+from mala_tools import reference
+from tests.helpers import SMALL_ARCH, feature_loss, relative_error
+from tests.helpers.low_precision import (DTYPES, IMPL_MARKS, IMPLS, LOW_PRECISIONS, MARKS, NAMES, NEEDS_CPU_FP16,
+                                         TRITON_DEVICE, attention_impl)
 
 # torch 2.1.2's CPU scaled_dot_product_attention aborts the process in its bfloat16 backward ("double free or
 # corruption"), whatever the model around it; 2.13 does not (the versions between are unmeasured)

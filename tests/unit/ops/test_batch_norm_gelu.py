@@ -3,11 +3,11 @@ fp64, the running statistics, the launches and what the backward keeps; the stem
 import pytest
 import torch
 
+from mala_mm.models.layers.blocks import ConvStem
+from mala_mm.ops.batch_norm_gelu import naive
 from tests.helpers.launches import LaunchRecord
 from tests.helpers.low_precision import (NEEDS_TRITON, assert_matches_fp64, channels_last_map, device_of, fp64_copies,
                                          impl_dtypes, implementation, outputs_and_gradients)
-from mala_mm.models.layers.blocks import ConvStem
-from mala_mm.ops.batch_norm_gelu import naive
 
 FLOATS = [torch.float32, torch.bfloat16, torch.float16]
 SHAPE = (2, 40, 5, 7)  # channels past one tile of 32, pixels not a multiple of the tile's

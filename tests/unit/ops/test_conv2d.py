@@ -5,9 +5,9 @@ import torch
 import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
+from mala_mm.ops.conv2d import conv1x1_chunks, conv2d
 from tests.helpers.launches import LaunchRecord
 from tests.helpers.low_precision import DTYPES
-from mala_mm.ops.conv2d import conv1x1_chunks, conv2d
 
 
 @pytest.fixture(autouse=True)

@@ -4,11 +4,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from mala_mm.ops.depthwise import naive
 from tests.helpers.launches import LaunchRecord
-from tests.helpers.low_precision import (IMPLS, IMPL_MARKS, NAMES, NEEDS_CPU_FP16, NEEDS_TRITON, TRITON_DEVICE,
+from tests.helpers.low_precision import (IMPL_MARKS, IMPLS, NAMES, NEEDS_CPU_FP16, NEEDS_TRITON, TRITON_DEVICE,
                                          assert_matches_fp64, channels_last_map, device_of, fp64_copies, implementation,
                                          outputs_and_gradients)
-from mala_mm.ops.depthwise import naive
 
 try:
     from mala_mm.ops.depthwise import triton_ops as depthwise_triton

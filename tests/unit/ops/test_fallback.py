@@ -12,12 +12,12 @@ import warnings
 import pytest
 import torch
 
-from tests.helpers import relative_error
-from tests.helpers.launches import failing_kernel
-from tests.helpers.low_precision import NAMES, NEEDS_CPU_FP16, NEEDS_TRITON, TRITON_DEVICE
 from mala_mm import MALA
 from mala_mm.models.layers import attention
 from mala_mm.ops import OPERATORS, TRITON_AVAILABLE, dispatch
+from tests.helpers import relative_error
+from tests.helpers.launches import failing_kernel
+from tests.helpers.low_precision import NAMES, NEEDS_CPU_FP16, NEEDS_TRITON, TRITON_DEVICE
 
 # a block per stage, MALA attention in the first two and softmax attention with RoPE in the last two
 ARCH = dict(embed_dims=[16, 32, 48, 64], depths=[1, 1, 1, 1], num_heads=[1, 2, 3, 4])
@@ -55,6 +55,7 @@ def auto_as_on_a_gpu(monkeypatch):
 
     def auto(kernel):
         chosen = [operator for operator in OPERATORS.values() if kernel in kernel_names(operator)]
+
         def uses_triton(impl, x, operator=None):
             return impl == 'auto' and (operator is None or operator in chosen and operator.available_on(gpu))
         for module in (dispatch, attention):  # attention.py asks it which layout the projection gives
@@ -88,7 +89,7 @@ def torch_path():
                                    for d in PRECISIONS])
 @pytest.mark.parametrize('kernel', kernels())
 def test_a_step_goes_on_in_torch_operators_where_a_kernel_fails(auto_as_on_a_gpu, monkeypatch, torch_path, kernel,
-                                                                  dtype, with_cp):
+                                                                dtype, with_cp):
     if dtype not in torch_path:
         torch_path[dtype] = gradients('torch', dtype, with_cp=False)
     operators, gpu = auto_as_on_a_gpu(kernel)

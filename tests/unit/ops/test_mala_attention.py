@@ -3,11 +3,11 @@ and the formula's own properties."""
 import pytest
 import torch
 
+from mala_mm.models.layers import RoPE2d
+from mala_mm.ops.mala_attention import naive
 from tests.helpers.launches import LaunchRecord
 from tests.helpers.low_precision import (NEEDS_TRITON, TOLERANCES, TRITON_DEVICE, assert_matches_fp64, device_of,
                                          fp64_copies, impl_dtypes, implementation, outputs_and_gradients)
-from mala_mm.models.layers import RoPE2d
-from mala_mm.ops.mala_attention import naive
 
 # (batch, heads, height, width, head width): a padded head width (d = 12, 96), token counts that are not a multiple
 # of the tile, a single token, several batch items and heads, and a chunked reduction (more tiles than one program

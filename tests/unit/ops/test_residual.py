@@ -4,11 +4,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from mala_mm.ops import residual
+from mala_mm.ops.residual import add_branch, drop_path_factors, naive
 from tests.helpers.launches import LaunchRecord
 from tests.helpers.low_precision import (IMPLS, NEEDS_TRITON, TRITON_DEVICE, assert_matches_fp64, channels_last_map,
                                          device_of, fp64_copies, impl_dtypes, implementation, outputs_and_gradients)
-from mala_mm.ops import residual
-from mala_mm.ops.residual import add_branch, drop_path_factors, naive
 
 # channel counts that are not powers of two, a single pixel, tiles across batch items
 SHAPES = [(2, 48, 5, 7), (1, 20, 1, 1), (3, 64, 4, 6)]

@@ -3,11 +3,11 @@ and the naive rotation against the spec's complex multiplication."""
 import pytest
 import torch
 
+from mala_mm.models.layers import RoPE2d
+from mala_mm.ops.rope import naive
 from tests.helpers.launches import LaunchRecord
 from tests.helpers.low_precision import (NEEDS_TRITON, assert_matches_fp64, device_of, fp64_copies, impl_dtypes,
                                          implementation, outputs_and_gradients)
-from mala_mm.models.layers import RoPE2d
-from mala_mm.ops.rope import naive
 
 FLOATS = [torch.float32, torch.bfloat16, torch.float16]
 HEIGHT, WIDTH, HEADS, HEAD_DIMS = 5, 7, 2, 12

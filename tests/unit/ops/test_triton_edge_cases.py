@@ -8,13 +8,13 @@ The kernels run on the GPU where there is one, else on the CPU in Triton's inter
 import pytest
 import torch
 
-from tests.helpers.low_precision import IMPL_MARKS, TRITON_DEVICE
 from mala_mm.models.layers import RoPE2d
 from mala_mm.ops import OPERATORS as OPERATOR_IMPLEMENTATIONS
-from mala_mm.ops.mala_attention import mala_attention
 from mala_mm.ops.depthwise import gated_depthwise_conv, residual_depthwise_conv
+from mala_mm.ops.mala_attention import mala_attention
 from mala_mm.ops.residual import scaled_residual, scaled_residual_norm
 from mala_mm.ops.rope import rotate_qk
+from tests.helpers.low_precision import IMPL_MARKS, TRITON_DEVICE
 
 try:
     from mala_mm.ops.mala_attention.triton_ops import AttentionPlan
@@ -77,7 +77,7 @@ OPERATORS = {
     'scaled_residual': (lambda x, b, g, impl: scaled_residual(x, b, g, None, impl),
                         [(0, C, *SIZE), (0, C, *SIZE), (1, C, 1, 1)]),
     'scaled_residual_norm': (lambda x, b, g, w, bias, impl: scaled_residual_norm(x, b, g, None, w, bias, 1e-6,
-                                                                                  impl=impl),
+                                                                                 impl=impl),
                              [(0, C, *SIZE), (0, C, *SIZE), (1, C, 1, 1), (C,), (C,)]),
 }
 
@@ -94,6 +94,7 @@ def test_expanded_stochastic_depth_factors_are_read_as_their_values(norm):
     value."""
     factors = torch.tensor([0.0, 2.0], device=TRITON_DEVICE)[1:].view(1, 1, 1, 1).expand(3, 1, 1, 1)
     inputs = leaves((3, C, *SIZE), (3, C, *SIZE), (1, C, 1, 1), (C,), (C,), channels_last=True)
+
     def with_norm(x, branch, gamma, weight, bias, impl):
         return scaled_residual_norm(x, branch, gamma, factors, weight, bias, 1e-6, impl=impl)
 

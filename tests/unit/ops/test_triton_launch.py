@@ -9,12 +9,12 @@ import warnings
 import pytest
 import torch
 
-from tests.helpers import SMALL_ARCH, feature_loss
-from tests.helpers.launches import failing_kernel
-from tests.helpers.low_precision import IMPL_MARKS, TRITON_DEVICE
 from mala_mm import MALA
 from mala_mm.ops import OPERATORS, dispatch
 from mala_mm.ops.mala_attention import mala_attention
+from tests.helpers import SMALL_ARCH, feature_loss
+from tests.helpers.launches import failing_kernel
+from tests.helpers.low_precision import IMPL_MARKS, TRITON_DEVICE
 
 try:
     from triton.compiler.errors import CompilationError

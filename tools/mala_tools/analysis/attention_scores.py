@@ -18,8 +18,8 @@ from torch import Tensor
 
 from mala_mm.models import MALA
 from mala_mm.ops.mala_attention import mala_attention
-from mala_mm.ops.softmax_attention import softmax_attention
 from mala_mm.ops.rope import RotaryTables
+from mala_mm.ops.softmax_attention import softmax_attention
 from mala_tools.analysis.baselines import linear_attention
 
 KINDS = {'MALA': mala_attention, 'linear': linear_attention, 'softmax': softmax_attention}

@@ -11,8 +11,8 @@ from torch import nn
 from torch.autograd.profiler import record_function
 
 from mala_mm.models import MALA
-from mala_mm.models.layers import (ConvDownsample, ConvFFN, ConvStem, GatedAttention, LayerNorm2d, MALABlock,
-                                   MALAttention, MALAStage)
+from mala_mm.models.layers import (ConvDownsample, ConvFFN, ConvStem, GatedAttention, LayerNorm2d, MALABlock, MALAStage,
+                                   MALAttention)
 from mala_mm.ops.mala_attention import torch_ops as attention_ops
 from mala_mm.ops.rope import torch_ops as rope_ops
 

@@ -11,7 +11,8 @@ param_scheduler = [
 
 # AdamW in fp16 mixed precision with a static loss scale of 512, as the release trained every detector (mmcv 1.x's
 # fp16 = dict() defaults to that scale; a float loss_scale stays fixed in mmengine too, and a step whose
-# gradients overflow is skipped). Which parameters are decayed is the method's (../../../_base_/release_weight_decay.py).
+# gradients overflow is skipped). Which parameters are decayed is the method's
+# (../../../_base_/release_weight_decay.py).
 optim_wrapper = dict(
     type='AmpOptimWrapper',
     loss_scale=512.,
