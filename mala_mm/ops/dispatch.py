@@ -74,6 +74,7 @@ class Operator:
             module = import_module(triton_module)
             self.triton, self.variants = getattr(module, name), getattr(module, f'{name}_variants')
         self.failed_on, self.failing_on = set(), set()
+        self.checked_on = set()
 
     def __repr__(self) -> str:
         return f'Operator({self.name!r})'
@@ -93,7 +94,7 @@ class Operator:
         """The operator on ``args`` in the kernels where :func:`uses_triton` takes them for ``x``, else in torch
         operators. Under 'auto', a kernel that fails hands the operator to its torch operators on that GPU (in the
         backward too); under 'triton' the error stops the run."""
-        if impl == 'torch' or not uses_triton(impl, x, self):
+        if impl == 'torch' or not uses_triton(impl, x, self) or not self._checked_on(x, impl):
             return self.torch(*args)
         torch_fallback = self if impl == 'auto' else None
         return triton_launch.in_kernels_or_torch(lambda: self.triton(*args, torch_fallback=torch_fallback),
@@ -101,6 +102,36 @@ class Operator:
 
     def available_on(self, gpu) -> bool:
         return gpu not in self.failed_on
+
+    def _checked_on(self, x: Tensor, impl: str) -> bool:
+        """Whether the kernels may run on the GPU of ``x``: at their first use there, they are checked against the
+        torch operators (:mod:`.self_check`). Where they differ, or fail to run, 'auto' hands the operator to the
+        torch operators with a warning and 'triton' raises."""
+        if not _on_a_gpu(x):  # Triton's interpreter: the tests' own
+            return True
+        gpu = triton_launch.gpu_of(x)
+        if gpu in self.checked_on:
+            return self.available_on(gpu)
+        self.checked_on.add(gpu)
+        from .self_check import KernelMismatch, check_operator
+        try:
+            problem = check_operator(self, x.device)
+        except triton_launch.KernelUnavailable as error:
+            if impl != 'auto':
+                raise
+            self.unavailable(error)
+            self._step_ended()  # nothing ran in its kernels yet: no recomputation to keep them for
+            return False
+        if problem is None:
+            return True
+        if impl != 'auto':
+            raise KernelMismatch(f"impl='triton': {self.name}'s Triton kernels compute other numbers than its torch "
+                                 f"operators on {gpu}: {problem}; impl='auto' runs it in torch operators there")
+        self.failed_on.add(gpu)
+        warnings.warn(f"impl='auto': {self.name}'s Triton kernels compute other numbers than its torch operators on "
+                      f"{gpu}: {problem}; {self.name} runs in torch operators on this GPU from now on",
+                      RuntimeWarning, stacklevel=4)
+        return False
 
     def unavailable(self, error) -> None:
         """Hands the operator to its torch operators on the GPU of ``error`` (a
@@ -175,6 +206,11 @@ def uses_triton(impl: str, x: Tensor, operator: Operator = None) -> bool:
         raise RuntimeError(f"impl='triton' runs the Triton kernels, and {why_not}: use impl='auto' (which "
                            f"takes the torch operators there) or 'torch'")
     return True
+
+
+def _on_a_gpu(x: Tensor) -> bool:
+    """Whether x lies on a GPU, where the kernels are checked at their first use (the tests mock one)."""
+    return x.is_cuda
 
 
 def _in_backward() -> bool:
