@@ -3,19 +3,20 @@
 Time and peak memory, forward and forward+backward, fp32 and bf16, over the token counts of detection and
 segmentation stages. Prints a Markdown table with ratio columns and writes results/<device>/attention_op.{md,json,png}.
 
-    python benchmarks/attention_op.py [--device cuda] [--sides 32 64 128 256 512] [--head-dims 32 64]
+    python -m benchmarks.attention_op [--device cuda] [--sides 32 64 128 256 512] [--head-dims 32 64]
 """
 import argparse
 import os
 
 import torch
-from common import markdown_table, peak_mib, time_ms, write_results
 
 from mala_mm.models.layers import RoPE2d
 from mala_mm.ops import OPERATORS, TRITON_AVAILABLE
 from mala_mm.ops.mala_attention import mala_attention
 from mala_mm.ops.softmax_attention import softmax_attention
 from mala_tools.analysis.baselines import linear_attention
+
+from .common import markdown_table, peak_mib, time_ms, write_results
 
 KINDS = {'mala': mala_attention, 'softmax': softmax_attention, 'linear': linear_attention}
 if TRITON_AVAILABLE:  # measured where asked for by name (gpu_check.py's attention phase)

@@ -9,16 +9,17 @@ With --compile it also measures ``MALA(compile=True)`` against the eager model i
 in each mode compiles, in the untimed warm-up). Writes results/<device>/backbone_<dtype>[_compiled].{md,json} and,
 with scaling sides, backbone_<dtype>[_compiled]_scaling.png.
 
-    python benchmarks/backbone.py [--device cuda] [--variants tiny small base large] [--compile]
+    python -m benchmarks.backbone [--device cuda] [--variants tiny small base large] [--compile]
 """
 import argparse
 import os
 
 import torch
-from common import exact_fp32, markdown_table, peak_mib, time_ms, write_results
 
 from mala_mm import MALA
 from mala_tools.reference import reference_backbone
+
+from .common import exact_fp32, markdown_table, peak_mib, time_ms, write_results
 
 SIZES = {'1280x800': (800, 1280), '512x2048': (512, 2048)}
 

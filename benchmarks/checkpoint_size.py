@@ -3,7 +3,7 @@ the AdamW state of the config's optim wrapper) and the weights alone, saved and 
 keeps under the config's ``max_keep_ckpts`` (UperNet also keeps its best mIoU). Writes
 results/cpu/checkpoint_size.{md,json}.
 
-    python benchmarks/checkpoint_size.py
+    python -m benchmarks.checkpoint_size
 """
 import glob
 import logging
@@ -11,13 +11,14 @@ import os
 import tempfile
 
 import torch
-from common import markdown_table, write_results
 from mmengine.logging import MMLogger
 from mmengine.optim import build_optim_wrapper
 
 from mala_tools.config import read_config
 from mala_tools.machine_fit import fit_optim_wrapper_to_device
 from mala_tools.model import build_model
+
+from .common import markdown_table, write_results
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs')
 MIB = 2 ** 20

@@ -3,7 +3,7 @@
 Checks out each revision into a temporary worktree and times them in alternating child processes (A, B, A, B,
 ...), so that a slow spell of the machine touches both alike; prints the medians and B's speed over A's.
 
-    python benchmarks/compare_revisions.py REV_A [REV_B (default: the working tree)] [--size H W] [--rounds 3]
+    python -m benchmarks.compare_revisions REV_A [REV_B (default: the working tree)] [--size H W] [--rounds 3]
 """
 import argparse
 import os

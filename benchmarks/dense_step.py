@@ -5,19 +5,20 @@ build, with this backbone, with the explicit reference backbone of ``mala_tools.
 the release's linear order, softmax through its N x N matrix), and of mmdet's and mmseg's own Swin-T configs of the
 same models: what a user who picks MALA-T over Swin-T gets per iteration. Writes results/<device>/dense_step.{md,json}.
 
-    python benchmarks/dense_step.py [--device cpu]
+    python -m benchmarks.dense_step [--device cpu]
 """
 import argparse
 import os
 
 import torch
-from common import markdown_table, peak_mib, time_ms, write_results
 from mmengine.hub import get_config
 
 from mala_mm.sample_inputs import data_samples
 from mala_tools.config import read_config
 from mala_tools.model import build_model
 from mala_tools.reference import reference_backbone
+
+from .common import markdown_table, peak_mib, time_ms, write_results
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs')
 # per model: our config, the library's own Swin-T config of it, the input (height, width)

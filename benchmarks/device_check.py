@@ -2,20 +2,21 @@
 and matmuls, and under bf16 and fp16 autocast; on CUDA also that the softmax stages run on the fused SDPA kernels
 (flash for bf16, memory-efficient for fp32) for every head width the variants use.
 
-    python benchmarks/device_check.py [--device cuda|cpu]
+    python -m benchmarks.device_check [--device cuda|cpu]
 """
 import argparse
 import os
 from typing import List
 
 import torch
-from common import tf32
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from mala_mm import MALA
 from mala_mm.checkpoint import load_backbone_weights
 from mala_mm.ops.softmax_attention import softmax_attention
 from mala_tools.reference import relative_error
+
+from .common import tf32
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'tests', 'data')
 # precision -> (TF32 on, autocast dtype or None)

@@ -2,7 +2,7 @@
 (200 x 334 tokens, MALA-T's 64 channels in one head, RoPE), under a random-weighted mean of the output as loss:
 for each scale, which gradients are finite, the input's (through the attention) and each parameter's.
 
-    python benchmarks/fp16_loss_scale.py [--device cpu|cuda] [--exponents 9 16 22 25 28 31]
+    python -m benchmarks.fp16_loss_scale [--device cpu|cuda] [--exponents 9 16 22 25 28 31]
 """
 import argparse
 

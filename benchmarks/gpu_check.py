@@ -8,7 +8,7 @@ Each phase prints its name and elapsed time and writes <phase>.md and <phase>.js
 summary.json list the phases and their times. --quick runs every phase at small inputs (minutes on a laptop CPU);
 the default sizes are the papers' (1280x800 detection, 512x2048 segmentation), about 10 minutes on one H200.
 
-    python benchmarks/gpu_check.py [--device cuda] [--quick] [--out DIR] [--only PHASE ...] [--skip PHASE ...]
+    python -m benchmarks.gpu_check [--device cuda] [--quick] [--out DIR] [--only PHASE ...] [--skip PHASE ...]
 """
 import argparse
 import contextlib
@@ -18,18 +18,19 @@ import time
 from typing import Callable, Dict, List, Tuple
 
 import torch
-from attention_op import measure as attention_cost
-from backbone import measure as backbone_speed
-from backbone import step as backbone_step
-from backbone import swin_tiny
-from common import RESULTS_DIR, device_name, exact_fp32, markdown_table, peak_mib, synchronize, time_ms, write_results
-from dense_step import CASES as DENSE_CASES
-from dense_step import build, fake_batch
-from device_check import fixture_errors
 from torch._dynamo.utils import counters
 
 from mala_mm import MALA
 from mala_mm.ops.dispatch import TRITON_AVAILABLE
+
+from .attention_op import measure as attention_cost
+from .backbone import measure as backbone_speed
+from .backbone import step as backbone_step
+from .backbone import swin_tiny
+from .common import RESULTS_DIR, device_name, exact_fp32, markdown_table, peak_mib, synchronize, time_ms, write_results
+from .dense_step import CASES as DENSE_CASES
+from .dense_step import build, fake_batch
+from .device_check import fixture_errors
 
 # (height, width) of each input, full and --quick (a tenth of detection's sides, a quarter of the dense models';
 # --quick measures the backbone at the detection size alone)

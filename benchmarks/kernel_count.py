@@ -24,7 +24,7 @@ held before it (parameters, inputs, caches); the bytes saved for the backward ar
 allocated that autograd saved (each once), not the parameters nor RoPE's cached tables, which outlive the step.
 Training steps are also counted for MALA-T on its torch path (CPU training, compiled and exported graphs).
 
-    python benchmarks/kernel_count.py [--quick] [--only backbone|mask_rcnn|upernet ...]
+    python -m benchmarks.kernel_count [--quick] [--only backbone|mask_rcnn|upernet ...]
 
 writes results/cpu/kernel_count.{md,json}; ``--quick`` counts at small inputs and writes kernel_count_quick (the
 backbone's kernels do not depend on the input size; its bytes and memory do).
@@ -40,9 +40,10 @@ from typing import Dict, List, Optional
 os.environ.setdefault('TRITON_INTERPRET', '1')  # before mala_mm imports Triton: its kernels then run on CPU tensors
 
 import torch  # noqa: E402
-from common import markdown_table, write_results  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+from .common import markdown_table, write_results  # noqa: E402
 
 # operators that launch no kernel: they allocate, alias or read metadata (views are told by their schema)
 NO_KERNEL = {'empty', 'empty_strided', 'new_empty', 'new_empty_strided', 'empty_like', 'detach', 'alias',

@@ -15,7 +15,7 @@ as many intra-op threads as torch has.
 For the backbone and the segmentor, the floor is the forward's FLOPs (as tools/get_flops.py counts them) over the
 fp32 matmul rate measured in this run on a 2048^3 matmul. Writes results/cpu/onnx_runtime.{md,json}.
 
-    python benchmarks/onnx_runtime.py [--repeats 3]
+    python -m benchmarks.onnx_runtime [--repeats 3]
 """
 import argparse
 import json
@@ -28,7 +28,8 @@ import time
 from typing import Callable, Dict, Sequence
 
 import torch
-from common import markdown_table, write_results
+
+from .common import markdown_table, write_results
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZES = {'1280x800': (800, 1280), '512x2048': (512, 2048)}
@@ -118,7 +119,8 @@ def peak_rss_mib() -> float:
 
 
 def in_child(*args) -> dict:
-    out = subprocess.run([sys.executable, __file__, '--child', *map(str, args)], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, '-m', 'benchmarks.onnx_runtime', '--child', *map(str, args)], cwd=ROOT,
+                         capture_output=True, text=True)
     if out.returncode:
         raise RuntimeError(f'{args} failed:\n{out.stderr[-3000:]}')
     return json.loads(out.stdout.strip().splitlines()[-1])

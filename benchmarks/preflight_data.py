@@ -4,7 +4,7 @@ searched for up to EMPTY_SCAN_LIMIT files), and the same plus the size of every 
 timed in turn in one process.
 Writes results/cpu/preflight_data.{md,json}.
 
-    python benchmarks/preflight_data.py [--files 120000] [--repeats 3]
+    python -m benchmarks.preflight_data [--files 120000] [--repeats 3]
 """
 import argparse
 import os
@@ -13,13 +13,14 @@ import tempfile
 import time
 
 import torch
-from common import markdown_table, write_results
 
 from mala_tools.checks.config_keys import config_errors
 from mala_tools.checks.data_paths import EMPTY_SCAN_LIMIT, empty_data_files
 from mala_tools.checks.head_classes import head_class_problems
 from mala_tools.checks.preflight import data_problems, missing_weight_files
 from mala_tools.config import read_config
+
+from .common import markdown_table, write_results
 
 CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                       'configs/detection/mask_rcnn_mala_t.py')

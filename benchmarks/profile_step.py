@@ -4,15 +4,16 @@ Profiles a train step (forward, ``sum(mean(out_i))``, backward) or an eval forwa
 torch.profiler and charges every operator's own time to the part of the model it belongs to
 (:mod:`mala_tools.analysis.step_profile` says how). Writes results/<device>/profile_<variant>_<mode>.{md,json}.
 
-    python benchmarks/profile_step.py [--variant tiny] [--sizes 800x1280 512x2048] [--mode train|eval]
+    python -m benchmarks.profile_step [--variant tiny] [--sizes 800x1280 512x2048] [--mode train|eval]
 """
 import argparse
 
 import torch
-from common import markdown_table, write_results
 
 from mala_mm import MALA
 from mala_tools.analysis.step_profile import charge, labelled_parts, profile, table_rows
+
+from .common import markdown_table, write_results
 
 
 def main():

@@ -5,17 +5,18 @@ At the token maps and heads of a variant's softmax stages for one input size, fo
 kernel), the same call held to SDPA's math backend, and the explicit matmul-softmax-matmul. Writes
 results/<device>/softmax_kernels.{md,json}.
 
-    python benchmarks/softmax_kernels.py [--device cuda] [--variant tiny] [--size 800 1280]
+    python -m benchmarks.softmax_kernels [--device cuda] [--variant tiny] [--size 800 1280]
 """
 import argparse
 
 import torch
 import torch.nn.functional as F
-from common import markdown_table, peak_mib, time_ms, write_results
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from mala_mm import MALA
 from mala_tools.reference import softmax_attention as explicit
+
+from .common import markdown_table, peak_mib, time_ms, write_results
 
 
 def sdpa_math(q, k, v):

@@ -18,7 +18,7 @@ is left for CUDA's context. That run's steps held more than the count sees (cuDN
 rounding), and more than today's code would: the attention ran in torch operators, the backbone before its memory
 was cut. The batches are counts calibrated by one GPU run on the safe side, not a measurement of each config.
 
-    python benchmarks/train_memory.py [--only CONFIG_NAME ...]
+    python -m benchmarks.train_memory [--only CONFIG_NAME ...]
 
 writes results/cpu/train_memory.{md,json}.
 """
@@ -31,12 +31,13 @@ import os
 os.environ.setdefault('TRITON_INTERPRET', '1')  # before mala_mm imports Triton, as kernel_count sets it
 
 import torch  # noqa: E402
-from common import RESULTS_DIR, markdown_table, write_results  # noqa: E402
-from dense_step import CONFIGS, build, fake_batch  # noqa: E402
-from kernel_count import MIB, count, dense_part, dense_steps  # noqa: E402
 from torch.utils._python_dispatch import _get_current_dispatch_mode  # noqa: E402
 
 from mala_tools.config import read_config  # noqa: E402
+
+from .common import RESULTS_DIR, markdown_table, write_results  # noqa: E402
+from .dense_step import CONFIGS, build, fake_batch  # noqa: E402
+from .kernel_count import MIB, count, dense_part, dense_steps  # noqa: E402
 
 GPUS_GIB = (16, 24, 40, 80)
 # the one GPU run of the configs' training steps at 2 images: the peak memory each step allocated

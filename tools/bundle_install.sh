@@ -144,5 +144,6 @@ PYCODE
 say "ready: mmcv ($mmcv_from) in $mmcv_seconds s; facts in $record"
 
 if (( check )); then
-    exec "$PY" "$BUNDLE/source/benchmarks/gpu_check.py" --install-record "$record" "$@"
+    # the benchmarks are a package of the source's root, which -m finds on PYTHONPATH from any folder
+    PYTHONPATH="$BUNDLE/source${PYTHONPATH:+:$PYTHONPATH}" exec "$PY" -m benchmarks.gpu_check --install-record "$record" "$@"
 fi

@@ -4,6 +4,8 @@ input's size, so the committed full-size counts (results/cpu/kernel_count.json) 
 memory does, and is held to the committed counts at the small input (kernel_count_quick.json)."""
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -17,7 +19,7 @@ COMMITTED_QUICK = os.path.join(BENCHMARKS, 'results', 'cpu', 'kernel_count_quick
 
 @pytest.fixture(scope='module')
 def kernel_count():
-    import kernel_count  # on the path from pytest.ini, importing Triton under its interpreter
+    from benchmarks import kernel_count  # as python -m benchmarks.kernel_count imports it, Triton under its interpreter
     return kernel_count
 
 
@@ -98,3 +100,11 @@ def test_mala_t_launches_no_more_kernels_and_holds_no_more_memory_than_committed
             if mode == 'train':
                 for key in ('saved_bytes', 'peak_bytes'):
                     assert counts[key] <= memory[mode, dtype][key], (name, dtype, key, counts[key])
+
+
+def test_a_benchmark_runs_as_a_module_of_the_package():
+    """As a user runs one, from the repository root: its relative imports of common and its siblings resolve."""
+    result = subprocess.run([sys.executable, '-m', 'benchmarks.kernel_count', '--help'], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith('usage: ')

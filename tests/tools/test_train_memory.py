@@ -5,7 +5,7 @@ import pytest
 
 @pytest.fixture(scope='module')
 def train_memory():
-    import train_memory  # on the path from pytest.ini, importing Triton under its interpreter
+    from benchmarks import train_memory  # as python -m benchmarks.train_memory imports it, Triton under its interpreter
     return train_memory
 
 
