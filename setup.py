@@ -49,7 +49,9 @@ setup(
         # bring Triton; its CUDA wheels pin their own)
         'tests': ['pytest>=7', 'pytest-xdist>=3', 'matplotlib',
                   "triton>=3.2; platform_system == 'Linux' and python_version >= '3.9'"],
-        # tools/export_onnx.py: onnxscript is what torch.onnx.export's default (dynamo) exporter needs
-        'deploy': ['onnx>=1.16', 'onnxruntime>=1.18', 'onnxscript>=0.2'],
+        # tools/export_onnx.py: onnxscript is what torch.onnx.export's default (dynamo) exporter needs. On Python
+        # 3.8 its last release fails to import (it subscripts collections.UserList), and torch.onnx imports it where
+        # it is installed: there the TorchScript exporter serves (--exporter torchscript)
+        'deploy': ['onnx>=1.16', 'onnxruntime>=1.18', "onnxscript>=0.2; python_version >= '3.9'"],
     },
 )

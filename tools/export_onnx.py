@@ -14,6 +14,7 @@ bounds of mala_mm.export.DETECTION_BOUNDS; --image checks on a picture with obje
 import argparse
 import importlib.util
 import os
+import sys
 from typing import List, NoReturn, Optional
 
 import torch
@@ -115,9 +116,13 @@ def fail_in_flags(err: Exception) -> NoReturn:
     fail(message)
 
 
-def check_deploy_packages(exporter: str):
-    needed = ['onnx', 'onnxruntime'] + (['onnxscript'] if exporter == 'dynamo' else [])
+def check_deploy_packages(exporter: str, nms: bool):
+    # with --nms the dynamo exporter is refused below, with what to pass instead
+    needed = ['onnx', 'onnxruntime'] + (['onnxscript'] if exporter == 'dynamo' and not nms else [])
     missing = [name for name in needed if importlib.util.find_spec(name) is None]
+    if missing == ['onnxscript'] and sys.version_info < (3, 9):
+        fail('--exporter dynamo needs onnxscript, which has no release that imports on Python 3.8: pass --exporter '
+             'torchscript')
     if missing:
         fail(f'{", ".join(missing)} not installed; install the deploy extra: pip install -e ".[deploy]"')
 
@@ -125,7 +130,7 @@ def check_deploy_packages(exporter: str):
 def main():
     args = parse_args()
     check_weights_named(args.checkpoint, args.random_weights)
-    check_deploy_packages(args.exporter)
+    check_deploy_packages(args.exporter, args.nms)
     from mala_mm.export import ExportError, ImageToTensors, check_shape, compare_in_onnxruntime, export_onnx
     try:
         if args.shape is not None:  # before the model is built: a typo costs no time

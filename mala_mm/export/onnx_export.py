@@ -1,4 +1,5 @@
 """Writing the ONNX graph with either of torch's exporters."""
+import inspect
 import warnings
 from typing import Dict, List
 
@@ -10,6 +11,8 @@ from .regions import ROI_ALIGN_OPSET
 from .wrapper import ImageToTensors
 
 EXPORTERS = ('dynamo', 'torchscript')
+# whether torch.onnx.export chooses between its exporters (torch 2.5 and newer; before, it is TorchScript's)
+_TAKES_DYNAMO = 'dynamo' in inspect.signature(torch.onnx.export).parameters
 
 
 def export_onnx(module: ImageToTensors, example: Tensor, path: str, dynamic: bool = False, opset: int = 18,
@@ -41,12 +44,17 @@ def export_onnx(module: ImageToTensors, example: Tensor, path: str, dynamic: boo
         options['dynamic_axes'] = {'image': free, **{name: {0: 'detections'} for name in names if detections}}
         if 'masks' in names:
             options['dynamic_axes']['masks'] = {0: 'detections', 1: 'height', 2: 'width'}
+    if _TAKES_DYNAMO:
+        options['dynamo'] = exporter == 'dynamo'
+    elif exporter == 'dynamo':
+        raise ExportError(f"torch {torch.__version__}'s torch.onnx.export has no dynamo exporter (torch 2.5 and newer "
+                          "have it): pass `exporter='torchscript'`")
     try:
         with warnings.catch_warnings():
             # the tracer warns of every shape read as a number; which of them hold at other sizes is what the
             # comparison at an unseen size checks
             warnings.simplefilter('ignore', torch.jit.TracerWarning)
-            torch.onnx.export(module, (example, ), path, dynamo=exporter == 'dynamo', **options)
+            torch.onnx.export(module, (example, ), path, **options)
     except Exception as err:  # the exporters raise many types; the first line says which operator failed
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ExportError(f'torch.onnx.export ({exporter}) could not export {type(module.model).__name__}: '

@@ -9,7 +9,7 @@ warning that names the operator, the GPU and the difference; 'triton' raises :cl
 ``python tools/check_kernels.py`` runs the check of every operator on every visible GPU on its own.
 """
 import contextlib
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -21,6 +21,13 @@ BOUND = 1e-4
 
 class KernelMismatch(RuntimeError):
     """An operator's kernels that computed other numbers than its torch operators on a GPU."""
+
+
+class Tables(NamedTuple):
+    """RoPE's tables as the operators read them (those of :class:`~mala_mm.ops.rope.RotaryTables`), here so that
+    this module, which dispatch runs, imports no operator."""
+    cos: Tensor
+    sin: Tensor
 
 
 def _maps(generator: torch.Generator, device: torch.device, *shapes) -> List[Tensor]:
@@ -36,15 +43,17 @@ def sample_cases(name: str, device: torch.device, generator: torch.Generator) ->
     """Small arguments of the operator ``name``, in the order its implementations take them, for each variant the
     blocks run, with the positions of those a gradient is taken for: borders, channel counts that are not a multiple
     of a tile, two batch items."""
-    from ..models.layers.rope import RoPE2d  # the layers import the operators: a module-level import would cycle
     shape = (2, 24, 7, 9)
+    # the (N, d) tables of 40 tokens' random angles in 16 channels, laid out as rope.RotaryTables lays them out:
+    # each pair's cos at its two channels, its sin negated at the even one
+    angles = (torch.rand(40, 8, generator=generator) * 6.3).repeat_interleave(2, dim=1).to(device)
+    signs = torch.tensor([-1.0, 1.0], device=device).repeat(8)
+    tables = Tables(angles.cos(), angles.sin() * signs)
     if name == 'mala_attention':
-        tables = RoPE2d(16).to(device).tables(5, 8)
         return [((*_maps(generator, device, *[(2, 2, 40, 16)] * 3), rope, 1e-6), [0, 1, 2])
                 for rope in (None, tables)]
     if name == 'rotate_qk':
-        # the kernel writes q and k into the map, which must not be a leaf that requires grad
-        return [((_maps(generator, device, (2, 4 * 32, 5, 8))[0], RoPE2d(16).to(device).tables(5, 8), 2), [0])]
+        return [((_maps(generator, device, (2, 4 * 32, 5, 8))[0], tables, 2), [0])]
     if name == 'residual_depthwise_conv':
         x, weight, bias = _maps(generator, device, shape, (24, 1, 3, 3), (24, ))
         return [((x, weight, bias, gelu, None), [0, 1, 2]) for gelu in (False, True)]
@@ -113,10 +122,3 @@ def check_operator(operator, device: torch.device) -> Optional[str]:
                     return f'{name} of case {case} differs from the torch operators\' by {difference:.3g} relative ' \
                            f'(bound {BOUND:g})'
     return None
-
-
-def check_all(device: torch.device) -> Dict[str, Optional[str]]:
-    """:func:`check_operator` of every operator with kernels, by name."""
-    from . import OPERATORS
-    return {name: check_operator(operator, device) for name, operator in OPERATORS.items()
-            if operator.triton is not None}

@@ -19,8 +19,11 @@ import time
 import traceback
 from pathlib import Path
 
+import pytest
 import torch
 from mmengine.config import Config
+
+from mala_mm.ops.torch_compat import HAS_CUSTOM_OPS
 
 ROOT = str(Path(__file__).resolve().parents[2])
 # where fault_injection.py is: child runs that load its hooks have it on their PYTHONPATH
@@ -51,6 +54,10 @@ def _parsed_config(path: str) -> Config:
 
 
 # A small arch that keeps every structural feature of the released ones (4 stages, both attention kinds).
+# torch.compile of the blocks and of mala_mm::conv2d needs custom operators (torch.library.custom_op, torch 2.4)
+NEEDS_CUSTOM_OPS = pytest.mark.skipif(not HAS_CUSTOM_OPS, reason=f'torch {torch.__version__} has no custom operators '
+                                      '(torch.library.custom_op, torch 2.4), which compiling MALA needs')
+
 SMALL_ARCH = dict(embed_dims=[16, 32, 48, 64], depths=[1, 1, 2, 1], num_heads=[1, 2, 3, 4])
 
 

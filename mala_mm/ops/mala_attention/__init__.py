@@ -19,14 +19,14 @@ def mala_attention(q: Tensor, k: Tensor, v: Tensor, rope: Optional[RotaryTables]
     with ``KV = s / N sum_j k~_j^T v_j`` (d x d per head).
 
     Args:
-        q, k, v: (B, h, N, d) per-head projections.
+        q, k, v: (B, h, N, d) per-head projections (v may be (B, h, N, d_v) in torch operators).
         rope: the (N, d) tables of :meth:`~mala_mm.models.layers.RoPE2d.tables`, or None for no rotation.
         eps: keeps ``1 / z`` finite.
         impl: 'torch', 'triton' or 'auto' (:func:`~mala_mm.ops.dispatch.uses_triton`). The kernels lay their
             output out as the heads of a channels-last map.
 
     Raises:
-        ValueError: q, k and v of different shapes, or tables that are not (N, d).
+        ValueError: q and k of different shapes, v of other tokens, or tables that are not (N, d).
 
     Returns:
         (B, h, N, d) in the dtype of v.

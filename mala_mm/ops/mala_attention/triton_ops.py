@@ -156,6 +156,6 @@ def mala_attention(q: Tensor, k: Tensor, v: Tensor, rope=None, eps: float = 1e-6
     Raises:
         ValueError: as the torch operators' entry (:func:`~.shapes.check_shapes`).
     """
-    check_shapes(q, k, v, rope)
+    check_shapes(q, k, v, rope, v_width_of_q=True)
     cos, sin = (None, None) if rope is None else rope
     return _FusedMALAttention.apply(q, k, v, cos, sin, eps, type(rope), torch_fallback)

@@ -8,6 +8,7 @@ from torch._dynamo.utils import counters
 
 from mala_mm import MALA
 from mala_mm.models import MALAConfigError
+from tests.helpers import NEEDS_CUSTOM_OPS
 
 # the released layout of heads (1, 2, 4, 4 of width 16) at a width that compiles and runs in seconds; its last two
 # stages have blocks alike (softmax attention, 64 channels, 4 heads), so it has three kinds of block
@@ -170,6 +171,7 @@ def test_compile_arguments_replace_the_defaults():
     assert max(errors) < FP32_BOUND
 
 
+@NEEDS_CUSTOM_OPS
 def test_tracing_for_export_sees_the_plain_model():
     """A model built with compile=True traces (TorchScript, as ONNX's older exporter does) to ATen convolutions,
     not to the compiled graph's custom operator, and to the eager model's outputs."""

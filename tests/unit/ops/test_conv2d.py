@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
 from mala_mm.ops.conv2d import conv1x1_chunks, conv2d
+from tests.helpers import NEEDS_CUSTOM_OPS
 from tests.helpers.launches import LaunchRecord
 from tests.helpers.low_precision import DTYPES
 
@@ -44,6 +45,7 @@ def test_compiled_convolution_follows_autocast(dtype):
         torch.testing.assert_close(ours, expected)
 
 
+@NEEDS_CUSTOM_OPS
 def test_compiled_convolution_keeps_one_graph_across_sizes():
     """The operator's compile-time result comes from the shapes alone: ``F.conv2d`` on fake tensors picks its kernel
     by the input's size, which guarded the size (on this CPU ``3 H W > 20480`` for a 3-channel input) and compiled

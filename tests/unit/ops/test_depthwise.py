@@ -4,16 +4,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from mala_mm.ops import TRITON_AVAILABLE
 from mala_mm.ops.depthwise import naive
 from tests.helpers.launches import LaunchRecord
 from tests.helpers.low_precision import (IMPL_MARKS, IMPLS, NAMES, NEEDS_CPU_FP16, NEEDS_TRITON, TRITON_DEVICE,
                                          assert_matches_fp64, channels_last_map, device_of, fp64_copies, implementation,
                                          outputs_and_gradients)
 
-try:
+if TRITON_AVAILABLE:  # a Triton the kernels run on; else IMPL_MARKS skips these tests
     from mala_mm.ops.depthwise import triton_ops as depthwise_triton
     from mala_mm.ops.triton_launch import gpu_of
-except ImportError:  # without Triton, whose tests IMPL_MARKS skips
+else:
     depthwise_triton = None
 
 # borders, pixel counts that are not multiples of the tile, channel counts that are not multiples of the channel

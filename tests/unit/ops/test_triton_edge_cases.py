@@ -10,16 +10,17 @@ import torch
 
 from mala_mm.models.layers import RoPE2d
 from mala_mm.ops import OPERATORS as OPERATOR_IMPLEMENTATIONS
+from mala_mm.ops import TRITON_AVAILABLE
 from mala_mm.ops.depthwise import gated_depthwise_conv, residual_depthwise_conv
 from mala_mm.ops.mala_attention import mala_attention
 from mala_mm.ops.residual import scaled_residual, scaled_residual_norm
 from mala_mm.ops.rope import rotate_qk
 from tests.helpers.low_precision import IMPL_MARKS, TRITON_DEVICE
 
-try:
+if TRITON_AVAILABLE:  # a Triton the kernels run on; else IMPL_MARKS skips these tests
     from mala_mm.ops.mala_attention.triton_ops import AttentionPlan
     from mala_mm.ops.triton_launch import MAX_GRID_YZ, MapTooLarge, check_grid, check_offsets
-except ImportError:  # without Triton, whose tests IMPL_MARKS skips
+else:
     AttentionPlan = None
 
 pytestmark = IMPL_MARKS['triton']
@@ -151,6 +152,16 @@ def test_mismatched_attention_shapes_get_the_torch_operators_error(change):
     with pytest.raises(ValueError) as raised:  # the Triton entry, as a launcher is called
         OPERATOR_IMPLEMENTATIONS['mala_attention'].triton(q, k, v, rope)
     assert errors[0] == errors[1] == str(raised.value)
+
+
+def test_a_value_width_other_than_the_heads_is_the_torch_operators_alone():
+    """v of another head width: the torch operators compute it (the attention-insight tool takes the scores so),
+    the kernels say that they cannot."""
+    q, k = (torch.randn(1, 2, 12, 8, device=TRITON_DEVICE) for _ in range(2))
+    v = torch.randn(1, 2, 12, 12, device=TRITON_DEVICE)
+    assert mala_attention(q, k, v, impl='torch').shape == (1, 2, 12, 12)
+    with pytest.raises(ValueError, match=r"the Triton kernels take v of q's shape .*impl='torch' takes another"):
+        mala_attention(q, k, v, impl='triton')
 
 
 def test_a_map_beyond_int32_offsets_is_refused_with_what_to_do():

@@ -10,19 +10,19 @@ import pytest
 import torch
 
 from mala_mm import MALA
-from mala_mm.ops import OPERATORS, dispatch
+from mala_mm.ops import OPERATORS, TRITON_AVAILABLE, dispatch
 from mala_mm.ops.mala_attention import mala_attention
 from tests.helpers import SMALL_ARCH, feature_loss
 from tests.helpers.launches import failing_kernel
 from tests.helpers.low_precision import IMPL_MARKS, TRITON_DEVICE
 
-try:
+if TRITON_AVAILABLE:  # a Triton the kernels run on; else IMPL_MARKS skips these tests
     from triton.compiler.errors import CompilationError
     from triton.runtime.errors import OutOfResources
     from triton.runtime.jit import KernelInterface
 
     from mala_mm.ops import triton_launch
-except ImportError:  # without Triton, whose tests IMPL_MARKS skips
+else:
     triton_launch = None
 
 pytestmark = IMPL_MARKS['triton']

@@ -17,8 +17,12 @@ def _cpu_sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, 
     return sdpa_flop_count(query_shape, key_shape, value_shape)
 
 
-# FlopCounterMode knows the GPU kernels of scaled_dot_product_attention, not the one it runs on the CPU
-_EXTRA_FLOP_FORMULAS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa_flops}
+# FlopCounterMode knows the GPU kernels of scaled_dot_product_attention, not the one it runs on the CPU (torch 2.2
+# and newer; torch 2.1 computes it on the CPU in the matmuls it counts)
+try:
+    _EXTRA_FLOP_FORMULAS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa_flops}
+except (AttributeError, RuntimeError):  # no such operator
+    _EXTRA_FLOP_FORMULAS = {}
 
 
 def count_macs(forward: Callable[[], object]) -> Dict[str, int]:
