@@ -21,6 +21,7 @@ import torch
 from mmengine.config import DictAction
 from torch import nn
 
+from mala_mm.export.onnx_export import DEFAULT_OPSET
 from mala_tools.config import read_config
 from mala_tools.errors import fail, tool_main
 from mala_tools.model import build_model
@@ -41,7 +42,9 @@ def parse_args():
     parser.add_argument('--shape', type=int, nargs='+', metavar='N', help='export input H W (default: the '
                         "config's crop_size for segmentors, 800 1344 for detectors)")
     parser.add_argument('--dynamic', action='store_true', help='free batch size, height and width')
-    parser.add_argument('--opset', type=int, default=18, help='ONNX opset (default 18)')
+    parser.add_argument('--opset', type=int, default=DEFAULT_OPSET,
+                        help=f'ONNX opset (default {DEFAULT_OPSET}: 18, or where the installed torch\'s TorchScript '
+                        'exporter stops below it, its newest)')
     parser.add_argument('--backbone-only', action='store_true', help="export the backbone's feature maps")
     parser.add_argument('--nms', action='store_true', help='detectors: the graph returns the detections of one '
                         'image (boxes, scores, labels, and masks for Mask R-CNN and Cascade), through ONNX\'s '

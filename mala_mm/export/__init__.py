@@ -22,11 +22,11 @@ with mmdet's own ``predict`` (:func:`compare_detections`, within :data:`DETECTIO
 from .detections import DenseDetections, NonMaxSuppression
 from .errors import ExportError, check_shape
 from .exportable import make_exportable
-from .onnx_export import EXPORTERS, export_onnx
+from .onnx_export import DEFAULT_OPSET, EXPORTERS, export_onnx
 from .onnxruntime_check import DETECTION_BOUNDS, compare_detections, compare_in_onnxruntime, pair_detections
 from .two_stage import TwoStageDetections
 from .wrapper import ImageToTensors
 
-__all__ = ['DETECTION_BOUNDS', 'EXPORTERS', 'DenseDetections', 'ExportError', 'ImageToTensors', 'NonMaxSuppression',
-           'TwoStageDetections', 'check_shape', 'compare_detections', 'compare_in_onnxruntime', 'export_onnx',
-           'make_exportable', 'pair_detections']
+__all__ = ['DEFAULT_OPSET', 'DETECTION_BOUNDS', 'EXPORTERS', 'DenseDetections', 'ExportError', 'ImageToTensors',
+           'NonMaxSuppression', 'TwoStageDetections', 'check_shape', 'compare_detections', 'compare_in_onnxruntime',
+           'export_onnx', 'make_exportable', 'pair_detections']

@@ -13,16 +13,23 @@ from .wrapper import ImageToTensors
 EXPORTERS = ('dynamo', 'torchscript')
 # whether torch.onnx.export chooses between its exporters (torch 2.5 and newer; before, it is TorchScript's)
 _TAKES_DYNAMO = 'dynamo' in inspect.signature(torch.onnx.export).parameters
+# the newest opset the TorchScript exporter writes: 17 in torch 2.1, 20 in torch 2.13
+_TORCHSCRIPT_MAX_OPSET = getattr(torch.onnx._constants, 'ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET', 17)
+# opset 18 (ReduceMean's axes as an input), or where the installed TorchScript exporter stops below it, its newest
+DEFAULT_OPSET = min(18, _TORCHSCRIPT_MAX_OPSET)
 
 
-def export_onnx(module: ImageToTensors, example: Tensor, path: str, dynamic: bool = False, opset: int = 18,
-                exporter: str = 'dynamo') -> List[str]:
+def export_onnx(module: ImageToTensors, example: Tensor, path: str, dynamic: bool = False,
+                opset: int = DEFAULT_OPSET, exporter: str = 'dynamo') -> List[str]:
     """Write ``module`` traced on ``example`` to ``path``; with ``dynamic``, batch, height and width are free.
 
     Returns the output names.
     """
     if exporter not in EXPORTERS:
         raise ExportError(f'unknown exporter {exporter!r}; choose one of {EXPORTERS}')
+    if exporter == 'torchscript' and opset > _TORCHSCRIPT_MAX_OPSET:
+        raise ExportError(f"torch {torch.__version__}'s TorchScript exporter writes opset {_TORCHSCRIPT_MAX_OPSET} at "
+                          f'most; got `opset` {opset}')
     detections = module.nms
     if detections and (exporter != 'torchscript' or example.shape[0] != 1):
         raise ExportError('`nms=True` exports the detections of one image with the TorchScript exporter: pass '

@@ -1,5 +1,7 @@
 """ONNX export: the backbone with torch.onnx.export as users call it, and mala_mm.export's graphs of detectors and
 its check of their detections, run in ONNX Runtime and compared with PyTorch."""
+import inspect
+
 import numpy as np
 import onnxruntime
 import pytest
@@ -16,6 +18,9 @@ RETINANET_CONFIG = f'{ROOT}/configs/detection/retinanet_mala_t_builtin.py'
 
 # fp32 arithmetic in another order (ONNX Runtime's kernels) differs by a few roundings of 2^-24 per op
 RELATIVE_TOLERANCE = 1e-4
+# torch.onnx.export's TorchScript exporter, as the deployment page calls it (torch 2.5 and newer choose with
+# dynamo=False; before, it is the only one and takes no such argument) at its default opset
+TORCHSCRIPT = dict(dynamo=False) if 'dynamo' in inspect.signature(torch.onnx.export).parameters else {}
 
 
 def onnxruntime_outputs(path, image):
@@ -36,7 +41,7 @@ def test_backbone_exports_with_dynamic_sizes_and_matches_in_onnxruntime(tmp_path
     model = MALA(arch='tiny', **({} if attn_types == 'released' else dict(attn_types='mala'))).eval()
     model.init_weights()
     path = tmp_path / 'mala.onnx'
-    torch.onnx.export(model, (torch.randn(1, 3, 96, 128), ), str(path), dynamo=False, input_names=['image'],
+    torch.onnx.export(model, (torch.randn(1, 3, 96, 128), ), str(path), **TORCHSCRIPT, input_names=['image'],
                       dynamic_axes={'image': {0: 'batch', 2: 'height', 3: 'width'}})
     for shape in [(1, 3, 96, 128), (2, 3, 133, 75)]:  # the export's size and one it never saw, not a multiple of 32
         image = torch.randn(*shape)
@@ -53,7 +58,7 @@ def test_plain_torch_onnx_export_of_every_variant(tmp_path, arch):
     model = MALA(arch=arch).eval()
     image = torch.randn(1, 3, 64, 96)
     path = tmp_path / f'{arch}.onnx'
-    torch.onnx.export(model, (image, ), str(path), dynamo=False)
+    torch.onnx.export(model, (image, ), str(path), **TORCHSCRIPT)
     with torch.no_grad():
         assert_matches(model(image), onnxruntime_outputs(path, image))
 
