@@ -46,7 +46,7 @@ def pytest_configure(config):
 # (docs/dev/testing.md). The suite's wall time is at least that of its longest file, which therefore has to start
 # at once.
 LONGEST_FILES = ('test_end_to_end.py', 'test_custom_dataset.py', 'test_bundle.py', 'test_cluster.py',
-                 'test_export_tool.py', 'test_compile.py')
+                 'test_export_tool.py', 'test_compile.py', 'test_fallback.py')
 
 
 @pytest.hookimpl(trylast=True)  # after pytest has grouped the tests by their fixtures' parameters

@@ -91,9 +91,10 @@ class Operator:
         return found
 
     def run(self, impl: str, x: Tensor, *args):
-        """The operator on ``args`` in the kernels where :func:`uses_triton` takes them for ``x``, else in torch
-        operators. Under 'auto', a kernel that fails hands the operator to its torch operators on that GPU (in the
-        backward too); under 'triton' the error stops the run."""
+        """The operator on ``args`` in the kernels where :func:`uses_triton` takes them for ``x`` and they passed
+        their check on its GPU (:meth:`_checked_on`), else in torch operators. Under 'auto', a kernel that fails
+        hands the operator to its torch operators on that GPU (in the backward too); under 'triton' the error stops
+        the run."""
         if impl == 'torch' or not uses_triton(impl, x, self) or not self._checked_on(x, impl):
             return self.torch(*args)
         torch_fallback = self if impl == 'auto' else None

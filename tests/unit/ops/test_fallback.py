@@ -25,6 +25,9 @@ PRECISIONS = [torch.float32, torch.bfloat16, torch.float16]
 # the largest difference from the torch path's gradients, relative to their largest value: fp32's rounding, and
 # in a low precision the rounding of the kernels that still run, which compute in fp32 what torch's round
 BOUNDS = {torch.float32: 1e-4, torch.bfloat16: 0.1, torch.float16: 0.02}
+# the autocast cases take two thirds of the test's minute and a half in Triton's interpreter: the whole suite runs
+# them, the fast subset the fp32 ones
+LOW_PRECISION_MARKS = {torch.bfloat16: [pytest.mark.slow], torch.float16: [pytest.mark.slow, NEEDS_CPU_FP16]}
 # the biases of the convs ahead of a BatchNorm (the stem's, the downsamples'): gradients of zero, as rounding noise
 # in either path
 NOISE = re.compile(r'patch_embed\.proj\.\d+\.bias|layers\.\d\.downsample\.reduction\.bias')
@@ -85,7 +88,7 @@ def torch_path():
 
 @NEEDS_TRITON
 @pytest.mark.parametrize('with_cp', [False, True], ids=['', 'with_cp'])
-@pytest.mark.parametrize('dtype', [pytest.param(d, id=NAMES[d], marks=NEEDS_CPU_FP16 if d == torch.float16 else ())
+@pytest.mark.parametrize('dtype', [pytest.param(d, id=NAMES[d], marks=LOW_PRECISION_MARKS.get(d, ()))
                                    for d in PRECISIONS])
 @pytest.mark.parametrize('kernel', kernels())
 def test_a_step_goes_on_in_torch_operators_where_a_kernel_fails(auto_as_on_a_gpu, monkeypatch, torch_path, kernel,

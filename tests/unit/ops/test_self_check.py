@@ -110,6 +110,7 @@ def test_the_command_checks_every_operator(tmp_path):
     assert all(line.endswith('the kernels agree with the torch operators') for line in lines)
 
 
+@pytest.mark.slow  # a process of its own, whose imports take seconds
 def test_the_command_fails_on_a_wrong_kernel(tmp_path):
     """The tool in a process of its own, with gated_depthwise_conv's launcher off by 1% planted first."""
     code = f"""
