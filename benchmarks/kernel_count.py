@@ -357,9 +357,9 @@ def dense_steps(model: nn.Module, batch: dict, scope: str):
 
 
 def backbone_rows(sizes) -> List[dict]:
-    from backbone import swin_tiny
-
     from mala_mm import MALA
+
+    from .backbone import swin_tiny
     models = {'MALA-T': MALA(arch='tiny', impl='triton'), TORCH_PATH: MALA(arch='tiny', impl='torch'),
               'Swin-T': swin_tiny(drop_path_rate=0.2)}
     rows = []
@@ -379,7 +379,7 @@ def backbone_rows(sizes) -> List[dict]:
 
 
 def dense_rows(case: str, size) -> List[dict]:
-    from dense_step import build, fake_batch
+    from .dense_step import build, fake_batch
     ours, swin, dtypes = DENSE[case]
     rows = []
     for name, config, options in (('MALA-T', ours, dict(impl='triton')), (TORCH_PATH, ours, dict(impl='torch')),
