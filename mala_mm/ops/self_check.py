@@ -40,9 +40,10 @@ def _maps(generator: torch.Generator, device: torch.device, *shapes) -> List[Ten
 
 
 def sample_cases(name: str, device: torch.device, generator: torch.Generator) -> List[Tuple[tuple, List[int]]]:
-    """Small arguments of the operator ``name``, in the order its implementations take them, for each variant the
-    blocks run, with the positions of those a gradient is taken for: borders, channel counts that are not a multiple
-    of a tile, two batch items."""
+    """Small arguments of the operator ``name``, in the order its implementations take them, for each kind of call
+    the blocks make (with and without RoPE, GELU, stochastic depth, a stage's output), with the positions of those a
+    gradient is taken for: borders, channel counts that are not a multiple of a tile, two batch items. (A run's own
+    widths take the same kernels with other constants, which tools/compile_kernels.py compiles for every GPU.)"""
     shape = (2, 24, 7, 9)
     # the (N, d) tables of 40 tokens' random angles in 16 channels, laid out as rope.RotaryTables lays them out:
     # each pair's cos at its two channels, its sin negated at the even one
