@@ -12,7 +12,7 @@
 #
 # Environment variables:
 #   PYTHON                interpreter used to create .venv (default: python3; see SUPPORTED_PYTHONS)
-#   TORCH_SPEC            pip requirement for torch (default: the newest torch tested for .venv's Python, see
+#   TORCH_SPEC            pip requirement for torch (default: the newest with wheels for .venv's Python, see
 #                         default_torch_spec; set it for your CUDA build)
 #   MMCV_WHEEL_DIR        a directory holding a prebuilt mmcv 2.1.0 wheel for this torch and Python
 #   MALA_MM_CACHE         where built mmcv wheels are kept between checkouts (default: ~/.cache/mala_mm)
@@ -27,7 +27,8 @@ VENV="$ROOT/.venv"
 PY="$VENV/bin/python"
 MMCV_VERSION=2.1.0
 CACHE="${MALA_MM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mala_mm}"
-# the Pythons the whole stack (mmcv's build included) has been set up and tested with (docs/dev/tested_versions.md)
+# the Pythons the setup takes: those mmcv 2.1.0, mmdet 3.3 and mmseg 1.2 support, with a torch that has wheels for
+# each (which were set up and tested here, and how: docs/dev/tested_versions.md)
 SUPPORTED_PYTHONS="3.8 3.9 3.10 3.11 3.12 3.13"
 
 log() { printf '[setup_env] %s\n' "$*" >&2; }
@@ -64,7 +65,7 @@ check_python() {
     fi
     if [[ " $SUPPORTED_PYTHONS " != *" $version "* ]]; then
         local newest="${SUPPORTED_PYTHONS##* }"
-        log "error: $1 is Python $version, and the stack is set up and tested with Python" \
+        log "error: $1 is Python $version, and the stack sets up with Python" \
             "${SUPPORTED_PYTHONS// /, } only (mmcv $MMCV_VERSION is built here from source): install Python" \
             "$newest (e.g. 'uv python install $newest' or pyenv) and run again with PYTHON=python$newest"
         exit 2

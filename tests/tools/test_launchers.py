@@ -525,9 +525,9 @@ def test_setup_checks_the_python_before_downloading_anything(tmp_path, version, 
     if refused:
         assert result.returncode == 2 and result.stdout == ''
         assert result.stderr == (
-            f"[setup_env] error: {python} is Python {version}, and the stack is set up and tested with Python 3.8, "
-            f"3.9, 3.10, 3.11, 3.12, 3.13 only (mmcv 2.1.0 is built here from source): install Python 3.13 (e.g. 'uv "
-            f"python install 3.13' or pyenv) and run again with PYTHON=python3.13\n")
+            f"[setup_env] error: {python} is Python {version}, and the stack sets up with Python 3.8, 3.9, 3.10, "
+            f"3.11, 3.12, 3.13 only (mmcv 2.1.0 is built here from source): install Python 3.13 (e.g. 'uv python "
+            f"install 3.13' or pyenv) and run again with PYTHON=python3.13\n")
     else:
         assert (result.returncode, result.stdout) == (0, 'accepted\n'), result.stderr
 
