@@ -85,10 +85,11 @@ def _outputs_and_gradients(fn: Callable, args: tuple, wanted: List[int], generat
     return [out.detach() for out in outputs] + list(grads)
 
 
-def relative_difference(ours: Tensor, reference: Tensor) -> float:
-    """max |ours - reference| / max |reference| in fp64, or the absolute difference where the reference is zero."""
-    error = (ours.double() - reference.double()).abs().max().item() if ours.numel() else 0.0
-    scale = reference.double().abs().max().item() if reference.numel() else 0.0
+def relative_error(ours: Tensor, reference: Tensor) -> float:
+    """max |ours - reference| / max |reference|, in fp64; the absolute error where the reference is all zero. (The
+    measure of the tests and the benchmarks too: tests/helpers and mala_tools.reference take it from here.)"""
+    error = (ours.double() - reference.double()).abs().max().item()
+    scale = reference.double().abs().max().item()
     return error / scale if scale else error
 
 
@@ -118,7 +119,7 @@ def check_operator(operator, device: torch.device) -> Optional[str]:
             names = [f'output {i}' for i in range(len(ours) - len(wanted))]
             names += [f'the gradient of argument {i}' for i in wanted]
             for name, a, b in zip(names, ours, expected):
-                difference = relative_difference(a, b)
+                difference = relative_error(a, b)
                 if not difference <= BOUND:  # NaN too
                     return f'{name} of case {case} differs from the torch operators\' by {difference:.3g} relative ' \
                            f'(bound {BOUND:g})'

@@ -23,6 +23,7 @@ import pytest
 import torch
 from mmengine.config import Config
 
+from mala_mm.ops.self_check import relative_error  # noqa: F401  (the tests' measure)
 from mala_mm.ops.torch_compat import HAS_CUSTOM_OPS
 
 ROOT = str(Path(__file__).resolve().parents[2])
@@ -67,13 +68,6 @@ def feature_loss(features, seed: int = 1) -> torch.Tensor:
     fixes that mean square, and the gradient into the network would be rounding noise alone.)"""
     generator = torch.Generator().manual_seed(seed)
     return sum((f.float() * torch.randn(f.shape, generator=generator)).mean() for f in features)
-
-
-def relative_error(ours: torch.Tensor, reference: torch.Tensor) -> float:
-    """max |ours - reference| / max |reference|, in fp64; the absolute error where the reference is all zero."""
-    error = (ours.double() - reference.double()).abs().max().item()
-    scale = reference.double().abs().max().item()
-    return error / scale if scale else error
 
 
 def bf16_matmul_slowdown(size: int = 256, repeats: int = 5) -> float:

@@ -31,16 +31,10 @@ from torch import Tensor, nn
 from mala_mm.models.layers import MALAttention
 from mala_mm.ops.mala_attention import naive
 from mala_mm.ops.rope.naive import RotaryTables, apply_rope
+from mala_mm.ops.self_check import relative_error  # noqa: F401  (the tools' and benchmarks' measure)
 
 EPS = 1e-6
 MALA_ORDERS = ('scores', 'release')
-
-
-def relative_error(ours: Tensor, reference: Tensor) -> float:
-    """max |ours - reference| / max |reference|, in fp64; the absolute error where the reference is all zero."""
-    error = (ours.double() - reference.double()).abs().max().item()
-    scale = reference.double().abs().max().item()
-    return error / scale if scale else error
 
 
 def rope_frequencies(head_dims: int, dtype: torch.dtype = torch.float32) -> Tensor:
