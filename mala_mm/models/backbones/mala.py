@@ -116,8 +116,9 @@ class MALA(BaseModule):
     def _stages(self, arch: dict, drop_path_rate: Optional[float], norm_cfg: dict, impl: str) -> List[MALAStage]:
         """The stages of ``arch``, stochastic depth rising linearly over all blocks to ``drop_path_rate``."""
         depths, num_stages = arch['depths'], len(arch['depths'])
+        # on the CPU whatever device the model is built on: Python floats, also for a build on the meta device
         rates = torch.linspace(0, arch['drop_path_rate'] if drop_path_rate is None else drop_path_rate,
-                               sum(depths)).tolist()
+                               sum(depths), device='cpu').tolist()
         layer_scale = arch['layer_scale_init']
         if layer_scale is None or isinstance(layer_scale, (int, float)):
             layer_scale = [layer_scale] * num_stages
