@@ -18,6 +18,7 @@ from mala_tools.device import require_gpus_where_the_machine_has_them
 from mala_tools.distributed import setup_distributed
 from mala_tools.errors import is_main_process, tool_main
 from mala_tools.machine_fit import fit_optim_wrapper_to_device, report_changes
+from mala_tools.recipe import recipe_notice
 from mala_tools.runner import build_runner, ending_the_run
 
 
@@ -56,7 +57,8 @@ def main():
         cfg.resume, cfg.load_from = True, args.resume
     changes += setup_distributed(cfg)
     report_changes(changes)
-    notice = batch_notice(cfg, get_world_size())
+    # a paper row's config: the recipe check's lines (the batch among them); any other: the batch line alone
+    notice = recipe_notice(cfg, args.config, get_world_size()) or batch_notice(cfg, get_world_size())
     if notice and is_main_process():
         print(notice, file=sys.stderr)
     warn_about_config(cfg, args.config)
