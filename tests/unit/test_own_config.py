@@ -10,6 +10,7 @@ from mmengine.registry import init_default_scope
 from mmengine.runner import Runner
 
 import mala_mm  # noqa: F401  (registers MALA)
+from mala_tools.recipe import check_recipe
 from tests.helpers import CONFIG_ROOT, ROOT, load_config
 
 SECTION = '## Using MALA in your own config'
@@ -27,16 +28,6 @@ def readme_patterns() -> dict:
     return {re.match(r"_base_ = '(\w+)::", block).group(1): block for block in blocks}
 
 
-def without_scope(value):
-    """``value`` without the ``_scope_`` keys that mmengine adds to what a ``pkg::`` base defines: the registry
-    scope, which the config's default_scope gives either way."""
-    if isinstance(value, dict):
-        return {key: without_scope(item) for key, item in value.items() if key != '_scope_'}
-    if isinstance(value, (list, tuple)):
-        return [without_scope(item) for item in value]
-    return value
-
-
 @pytest.fixture(scope='module')
 def own_configs(tmp_path_factory):
     folder = tmp_path_factory.mktemp('own')
@@ -52,12 +43,11 @@ def test_the_readme_has_a_pattern_for_each_library(own_configs):
 
 
 @pytest.mark.parametrize('library', sorted(ROWS))
-@pytest.mark.parametrize('key', ['optim_wrapper', 'param_scheduler'])
-def test_a_readme_pattern_trains_with_its_rows_recipe(own_configs, library, key):
-    """Optimizer, lr, weight decay and its exemptions, mixed precision, clipping and schedule: the whole
-    optim_wrapper and param_scheduler, not the SGD of the ResNet base the pattern goes over."""
-    ours = load_config(CONFIG_ROOT / ROWS[library])
-    assert without_scope(own_configs[library][key]) == without_scope(ours[key])
+def test_a_readme_pattern_trains_its_rows_whole_recipe(own_configs, library):
+    """The recipe check finds the row and no difference: batch and lr, optimizer and each parameter's multipliers,
+    schedule, precision, backbone, pipelines, evaluation and checkpoints, this project's hooks."""
+    check = check_recipe(own_configs[library])
+    assert (check.row.config, check.differences) == (CONFIG_ROOT / ROWS[library], [])
 
 
 @pytest.mark.parametrize('library', sorted(ROWS))
