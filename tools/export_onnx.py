@@ -21,7 +21,7 @@ import torch
 from mmengine.config import DictAction
 from torch import nn
 
-from mala_mm.export.onnx_export import DEFAULT_OPSET
+from mala_mm.export.onnx_export import DEFAULT_EXPORTER, DEFAULT_OPSET
 from mala_tools.config import read_config
 from mala_tools.errors import fail, tool_main
 from mala_tools.model import build_model
@@ -49,8 +49,9 @@ def parse_args():
     parser.add_argument('--nms', action='store_true', help='detectors: the graph returns the detections of one '
                         'image (boxes, scores, labels, and masks for Mask R-CNN and Cascade), through ONNX\'s '
                         'NonMaxSuppression')
-    parser.add_argument('--exporter', choices=['dynamo', 'torchscript'], default='dynamo',
-                        help="torch.onnx.export's exporter (default: dynamo, torch's own default)")
+    parser.add_argument('--exporter', choices=['dynamo', 'torchscript'], default=DEFAULT_EXPORTER,
+                        help=f"torch.onnx.export's exporter (default here: {DEFAULT_EXPORTER}; dynamo where torch "
+                        'has it, from torch 2.5, else torchscript)')
     parser.add_argument('--image', help='check on this picture (at its size, and resized to an unseen size with '
                         '--dynamic), loaded as LoadImageFromFile loads it, instead of on random pixels')
     parser.add_argument('--tolerance', type=float, default=1e-4,

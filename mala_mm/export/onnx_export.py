@@ -13,6 +13,8 @@ from .wrapper import ImageToTensors
 EXPORTERS = ('dynamo', 'torchscript')
 # whether torch.onnx.export chooses between its exporters (torch 2.5 and newer; before, it is TorchScript's)
 _TAKES_DYNAMO = 'dynamo' in inspect.signature(torch.onnx.export).parameters
+# dynamo where torch has it (torch's own default from 2.9), else the only one there is (torch 2.1 to 2.4)
+DEFAULT_EXPORTER = 'dynamo' if _TAKES_DYNAMO else 'torchscript'
 # the newest opset the TorchScript exporter writes: 17 in torch 2.1, 20 in torch 2.13
 _TORCHSCRIPT_MAX_OPSET = getattr(torch.onnx._constants, 'ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET', 17)
 # opset 18 (ReduceMean's axes as an input), or where the installed TorchScript exporter stops below it, its newest
@@ -20,7 +22,7 @@ DEFAULT_OPSET = min(18, _TORCHSCRIPT_MAX_OPSET)
 
 
 def export_onnx(module: ImageToTensors, example: Tensor, path: str, dynamic: bool = False,
-                opset: int = DEFAULT_OPSET, exporter: str = 'dynamo') -> List[str]:
+                opset: int = DEFAULT_OPSET, exporter: str = DEFAULT_EXPORTER) -> List[str]:
     """Write ``module`` traced on ``example`` to ``path``; with ``dynamic``, batch, height and width are free.
 
     Returns the output names.
