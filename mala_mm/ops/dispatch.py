@@ -25,7 +25,7 @@ MIN_TRITON = (3, 2)
 NEEDS_TRITON = f"the kernels need Triton {'.'.join(map(str, MIN_TRITON))} or newer"
 
 
-def _usable_triton():
+def usable_triton():
     """Triton, where it is installed at MIN_TRITON or newer, else None and what is installed instead."""
     try:
         import triton
@@ -36,7 +36,7 @@ def _usable_triton():
     return triton, None
 
 
-triton, TRITON_MISSING = _usable_triton()
+triton, TRITON_MISSING = usable_triton()
 TRITON_AVAILABLE = triton is not None
 if TRITON_AVAILABLE:
     from . import triton_launch

@@ -122,7 +122,7 @@ def test_a_triton_older_than_the_kernels_need_is_left_unused(monkeypatch, versio
     """torch 2.1's CUDA wheels pin Triton 2.1, which these kernels were never written for: the torch operators
     then serve every device, and impl='triton' says why it cannot run."""
     monkeypatch.setitem(sys.modules, 'triton', types.SimpleNamespace(__version__=version))
-    found, missing = dispatch._usable_triton()
+    found, missing = dispatch.usable_triton()
     assert (found is not None, missing) == (usable, None if usable else f'Triton {version} is installed')
     monkeypatch.setattr(dispatch, 'TRITON_AVAILABLE', usable)
     monkeypatch.setattr(dispatch, 'TRITON_MISSING', missing)

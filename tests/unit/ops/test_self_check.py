@@ -4,6 +4,7 @@ to the torch operators under 'auto' with a warning that names the operator, the 
 the run under 'triton'. The GPU is mocked: the kernels run on the GPU where there is one, else in Triton's
 interpreter (tests/conftest.py)."""
 import os
+import runpy
 import subprocess
 import sys
 import warnings
@@ -127,3 +128,14 @@ runpy.run_path({os.path.join(ROOT, 'tools', 'check_kernels.py')!r}, run_name='__
     assert result.returncode == 2, result.stderr[-2000:]
     assert 'gated_depthwise_conv: output 0 of case 0 differs' in result.stdout
     assert 'error: the kernels of gated_depthwise_conv on cpu differ from the torch operators' in result.stderr
+
+
+def test_the_command_has_nothing_to_check_where_triton_is_too_old(monkeypatch, capsys):
+    """torch 2.1's wheels pin Triton 2.1: the torch operators serve every device, which is no failure."""
+    monkeypatch.setattr(dispatch, 'TRITON_AVAILABLE', False)
+    monkeypatch.setattr(dispatch, 'TRITON_MISSING', 'Triton 2.1.0 is installed')
+    monkeypatch.setattr(sys, 'argv', ['check_kernels.py'])
+    runpy.run_path(os.path.join(ROOT, 'tools', 'check_kernels.py'), run_name='__main__')
+    assert capsys.readouterr().out == (
+        'nothing to check: the kernels need Triton 3.2 or newer, and Triton 2.1.0 is installed, so every device runs '
+        "the torch operators, which impl='auto' takes there\n")
