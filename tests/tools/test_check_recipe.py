@@ -5,6 +5,7 @@ import torch
 from mmengine.config import Config
 
 import mala_mm  # noqa: F401  (registers MALA)
+from mala_tools import recipe
 from mala_tools.recipe import check_recipe, recipe_notice
 from mala_tools.recipe.rows import paper_rows
 from tests.helpers import CONFIG_ROOT, LEAF_CONFIGS, ROOT, call_tool, load_config
@@ -161,6 +162,16 @@ def test_the_command_names_the_rows_for_a_config_of_none():
     assert 'reproduces no paper row' in done.stderr and 'mask_rcnn_mala_t_3x' not in done.stderr
     assert 'mask_rcnn_mala_t,' in done.stderr
     assert recipe_notice(load_config(builtin), builtin, 2) is None
+
+
+def test_a_check_that_fails_is_one_line_and_does_not_stop_the_run(monkeypatch):
+    """A model of one's own that cannot be built on the meta device: train.py says the check did not run, and
+    goes on to build it for real."""
+    def cannot_build(*args, **kwargs):
+        raise NotImplementedError('Cannot copy out of meta tensor; no data!\nmore')
+    monkeypatch.setattr(recipe, 'check_recipe', cannot_build)
+    assert recipe_notice(load_config(MASK_RCNN), 'mine.py', 8) == (
+        'recipe: not checked against a paper row: NotImplementedError: Cannot copy out of meta tensor; no data!')
 
 
 def test_train_prints_the_check_at_its_start():

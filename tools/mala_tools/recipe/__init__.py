@@ -57,7 +57,11 @@ def check_recipe(cfg, gpus: Optional[int] = None, row_name: Optional[str] = None
 def recipe_notice(cfg, config: str, gpus: int) -> Optional[str]:
     """What tools/train.py prints at its start for a config that reproduces a paper row: one line saying it trains
     the row's recipe, or one for each difference; None for a config of no row."""
-    check = check_recipe(cfg, gpus)
+    try:
+        check = check_recipe(cfg, gpus)
+    except Exception as err:  # the check informs a run and never stops it: the run's own build says what is wrong
+        first_line = (str(err).splitlines() or [''])[0][:200]
+        return f'recipe: not checked against a paper row: {type(err).__name__}: {first_line}'
     if check is None:
         return None
     return '\n'.join([f'recipe: {summary(check, config)}', *(f'recipe: - {line}' for line in check.differences)])

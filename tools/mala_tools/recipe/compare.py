@@ -76,6 +76,8 @@ def _lr(ours: dict, row: dict, name: str) -> List[str]:
     """The lr, where it is not the row's and not the row's scaled to the batch (an unscaled lr for another batch is
     the batch line's)."""
     (gpus, per_gpu), (row_gpus, row_per_gpu) = ours['batch'], row['batch']
+    if ours['lr'] is None:  # an optimizer that sets no lr: the optimizer line says which
+        return []
     per_image, row_per_image = ours['lr'] / (gpus * per_gpu), row['lr'] / (row_gpus * row_per_gpu)
     if ours['lr'] == row['lr'] or abs(per_image - row_per_image) <= 1e-9 * row_per_image:
         return []

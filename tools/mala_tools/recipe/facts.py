@@ -73,13 +73,14 @@ def train_data(cfg) -> tuple:
 
 def row_key(cfg) -> Optional[tuple]:
     """What a config must share with a paper row to be compared with it: the backbone's arch, the model and its
-    head, and the data it trains on (:func:`train_data`); None where the backbone is not MALA."""
+    head, and the data it trains on (:func:`train_data`), the arch None where it is not one of MALA's variants;
+    None where the backbone is not MALA."""
     model = cfg.get('model', {})
     backbone = model.get('backbone', {})
     if backbone.get('type') != 'MALA':
         return None
     arch = resolved_arch(backbone)
-    return (arch if isinstance(arch, str) else repr(arch), model.get('type'),
+    return (arch if isinstance(arch, str) else None, model.get('type'),
             (model.get('decode_head') or {}).get('type'), train_data(cfg))
 
 
@@ -100,6 +101,7 @@ def batch_facts(cfg, gpus: int) -> dict:
 
 
 def optimizer_facts(cfg) -> dict:
+    """The optimizer but its lr (a fact of its own), mixed precision and its loss scale, and clipping."""
     wrapper = cfg.optim_wrapper
     optimizer = {key: value for key, value in plain(wrapper.get('optimizer', {})).items() if key != 'lr'}
     amp = wrapper.get('type', 'OptimWrapper') == 'AmpOptimWrapper'
@@ -110,13 +112,16 @@ def optimizer_facts(cfg) -> dict:
 
 
 def schedule_facts(cfg) -> dict:
+    """The run's length and its lr schedule as the points where the lr changes (:mod:`.schedule`)."""
     schedulers = plain(cfg.get('param_scheduler') or [])
     schedulers = schedulers if isinstance(schedulers, list) else [schedulers]
-    lr = cfg.optim_wrapper.get('optimizer', {}).get('lr') or 1.0
+    lr = cfg.optim_wrapper.get('optimizer', {}).get('lr') or 1.0  # an eta_min is read relative to it
     return {'length': run_length(cfg), 'schedule': schedule_points(schedulers, cfg, lr)}
 
 
 def backbone_facts(cfg) -> dict:
+    """The backbone's arch, drop path rate (the arch's where the config sets none), norm_eval, frozen stages,
+    outputs, and the file name of its pretrained weights (where it is kept differs from machine to machine)."""
     from mala_mm import MALA
     from mala_mm.models.backbones.mala_arguments import resolve_arch
     backbone = cfg.model.backbone
@@ -176,6 +181,7 @@ def norm_layers(model) -> Dict[str, List[str]]:
 
 
 def data_facts(cfg) -> dict:
+    """The train and test pipelines, the model's data preprocessor and test mode, evaluation and checkpoints."""
     train = _dataset_with_pipeline(dict(cfg.train_dataloader.dataset))
     test_loader = cfg.get('test_dataloader') or cfg.get('val_dataloader') or {}
     test = _dataset_with_pipeline(dict(test_loader.get('dataset', {})))
@@ -205,7 +211,7 @@ def recipe_facts(cfg, gpus: int) -> dict:
     return facts
 
 
-def unloaded_backbone_tensors(cfg, model=None) -> Optional[Tuple[int, int]]:
+def unloaded_backbone_tensors(cfg) -> Optional[Tuple[int, int]]:
     """(tensors the backbone's pretrained file does not give, tensors of the backbone) where that file is on disk,
     not counting the output norms, which ImageNet checkpoints never have; None where it is not on disk."""
     from mala_mm.checkpoint import compare_state_dict, extract_backbone_state_dict, safe_load
@@ -214,7 +220,7 @@ def unloaded_backbone_tensors(cfg, model=None) -> Optional[Tuple[int, int]]:
     path = init_cfg.get('checkpoint')
     if not path or not osp.isfile(path):
         return None
-    model = model if model is not None else _build_on_meta(cfg)
+    model = _build_on_meta(cfg)
     state = extract_backbone_state_dict(safe_load(path), init_cfg.get('prefix'))
     comparison = compare_state_dict(state, model.backbone)
     wrong = {line.split(':')[0] for line in comparison.wrong_shapes}
