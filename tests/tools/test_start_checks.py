@@ -1,5 +1,6 @@
 """What a training run says and sets at its start: the line about a total batch other than the one its recipe's
-learning rate is set for, and the port a slurm job's processes meet at."""
+learning rate is set for (the recipe check's, for a config of a paper row), and the port a slurm job's processes
+meet at."""
 import os
 
 import pytest
@@ -28,12 +29,19 @@ def test_no_batch_line_where_the_lr_is_scaled_or_no_base_batch_is_named():
     assert batch_notice(load_config(CONFIG_ROOT / 'detection/mask_rcnn_mala_t_builtin.py'), 16) is None
 
 
-def test_train_prints_the_batch_line_at_its_start(tmp_path):
-    """get_started's two-node slurm run of upernet_mala_b, as one process of 32 images: the line comes before
-    the pre-flight refuses the missing dataset."""
-    result = call_tool(['train.py', PAPER_CONFIG, '--cfg-options', 'train_dataloader.batch_size=32'], tmp_path)
+@pytest.mark.parametrize('own_classes, line', [
+    (False, 'recipe: - total batch: 32 images (1 GPU x 32) where upernet_mala_b trains 16 (8 x 2): the lr 6e-05 is '
+            'set for 16 images; --auto-scale-lr scales it to 0.00012'),
+    (True, 'note: this run trains a total batch of 32 images (1 process x 32)')])
+def test_train_prints_the_batch_line_at_its_start(tmp_path, own_classes, line):
+    """A paper config run as one process of 32 images: the recipe check's line for its row, or, over data of
+    one's own (other classes), which reproduces no row, the batch line; before the pre-flight refuses the missing
+    dataset."""
+    options = ['train_dataloader.batch_size=32'] + ['train_dataloader.dataset.metainfo.classes=[a,b]'] * own_classes
+    result = call_tool(['train.py', PAPER_CONFIG, '--cfg-options', *options], tmp_path)
     assert result.returncode == 2
-    assert 'note: this run trains a total batch of 32 images (1 process x 32)' in result.stderr, result.stderr
+    assert line in result.stderr, result.stderr
+    assert ('recipe:' in result.stderr) != own_classes
 
 
 def slurm_config():
