@@ -134,17 +134,23 @@ MAX_SPAN = 2 ** 31
 
 
 class MapTooLarge(ValueError):
-    """A map whose elements lie beyond the int32 offsets that the kernels address."""
+    """A map whose elements lie beyond the int32 offsets that the kernels address: 'auto' runs the call in torch
+    operators, as where a kernel does not fit the GPU (:func:`in_kernels_or_torch`); ``gpu``: the GPU, where one was
+    named."""
+
+    def __init__(self, message: str, gpu: Optional[GPU] = None):
+        super().__init__(message)
+        self.gpu = gpu
 
 
-def check_offsets(kernel: str, tensors) -> None:
+def check_offsets(kernel: str, tensors, gpu: Optional[GPU] = None) -> None:
     """Raises :class:`MapTooLarge` where one of ``tensors`` spans 2^31 elements or more of its memory (from its first
     element to its last), which the kernel's int32 offsets would address wrongly, silently."""
     for t in tensors:
         span = 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride())) if t.numel() else 0
         if span >= MAX_SPAN:
             raise MapTooLarge(f"{kernel}: a map of shape {tuple(t.shape)} spans {span:,} elements, and the Triton "
-                              f"kernels address fewer than 2^31: use a smaller batch, or impl='torch'")
+                              f"kernels address fewer than 2^31: use a smaller batch, or impl='torch'", gpu)
 
 
 def check_grid(kernel: str, grid: Tuple[int, ...]) -> None:
@@ -164,10 +170,10 @@ def launch(kernel, grid: Tuple[int, ...], *args, **options) -> None:
     """
     name = getattr(kernel, 'fn', kernel).__name__
     check_grid(name, grid)
-    check_offsets(name, (a for a in args if isinstance(a, Tensor)))
+    like = next(a for a in args if isinstance(a, Tensor))
+    check_offsets(name, (a for a in args if isinstance(a, Tensor)), gpu_of(like))
     if 0 in grid:
         return
-    like = next(a for a in args if isinstance(a, Tensor))
     device = launch_device(like)
     with torch.cuda.device(device) if device.type == 'cuda' else nullcontext():
         try:
@@ -177,12 +183,12 @@ def launch(kernel, grid: Tuple[int, ...], *args, **options) -> None:
 
 
 def in_kernels_or_torch(in_kernels: Callable, torch_fallback, in_torch: Callable):
-    """``in_kernels()``; where a kernel of it fails and ``torch_fallback`` (a :class:`~.dispatch.Operator`) is
-    given, that operator goes to its torch operators on the GPU and ``in_torch()`` gives the result instead;
-    without one, the error stops the run."""
+    """``in_kernels()``; where a kernel of it fails, or a map is too large for the kernels, and ``torch_fallback``
+    (a :class:`~.dispatch.Operator`) is given, that operator goes to its torch operators on the GPU and
+    ``in_torch()`` gives the result instead; without one, the error stops the run."""
     try:
         return in_kernels()
-    except KernelUnavailable as error:
+    except (KernelUnavailable, MapTooLarge) as error:
         if torch_fallback is None:
             raise
         torch_fallback.unavailable(error)

@@ -17,6 +17,7 @@ from tests.helpers import ROOT, call_tool, tool_env
 from tests.helpers.low_precision import NEEDS_TRITON, TRITON_DEVICE
 
 if TRITON_AVAILABLE:  # a Triton the kernels run on; else NEEDS_TRITON skips these tests
+    from mala_mm.ops import timing, verdicts
     from mala_mm.ops.self_check import KernelMismatch, check_operator
     from mala_mm.ops.triton_launch import gpu_of
 else:
@@ -58,9 +59,21 @@ def on_a_gpu(monkeypatch):
     monkeypatch.setattr(dispatch, 'uses_triton', lambda impl, x, operator=None: impl == 'triton' or (
         impl == 'auto' and (operator is None or operator.available_on(gpu))))
     operator = OPERATORS['gated_depthwise_conv']
-    for record in ('failed_on', 'failing_on', 'checked_on'):
+    for record in ('failed_on', 'failing_on'):
         monkeypatch.setattr(operator, record, set())
+    monkeypatch.setattr(verdicts, 'VERDICTS', verdicts.Verdicts())
+    monkeypatch.setattr(timing, 'CLOCK', SetClock(kernels=1.0, torch=2.0))
     return gpu
+
+
+class SetClock:
+    """A clock that gives set times, by implementation, and runs nothing."""
+
+    def __init__(self, kernels: float, torch: float):
+        self.times = {'triton': kernels, 'torch': torch}
+
+    def milliseconds(self, run, impl, device):
+        return self.times[impl]
 
 
 def gated_inputs():
@@ -70,7 +83,7 @@ def gated_inputs():
 
 
 def test_auto_hands_a_wrong_kernels_operator_to_torch_at_its_first_use(on_a_gpu, monkeypatch):
-    operator = planted(monkeypatch, 'gated_depthwise_conv')
+    planted(monkeypatch, 'gated_depthwise_conv')
     inputs = gated_inputs()
     with pytest.warns(RuntimeWarning) as warned:
         out = gated_depthwise_conv(*inputs, impl='auto')
@@ -78,7 +91,7 @@ def test_auto_hands_a_wrong_kernels_operator_to_torch_at_its_first_use(on_a_gpu,
     assert len(warned) == 1 and "gated_depthwise_conv's Triton kernels compute other numbers" in message
     assert str(on_a_gpu) in message and 'differs from the torch operators' in message
     torch.testing.assert_close(out, gated_depthwise_conv(*inputs, impl='torch'))
-    assert not operator.available_on(on_a_gpu)
+    assert [(gpu, verdict.right) for (gpu, _), verdict in verdicts.VERDICTS.known.items()] == [(on_a_gpu, False)]
     with warnings.catch_warnings():
         warnings.simplefilter('error')  # checked once, said once
         gated_depthwise_conv(*inputs, impl='auto')
@@ -87,7 +100,8 @@ def test_auto_hands_a_wrong_kernels_operator_to_torch_at_its_first_use(on_a_gpu,
 def test_triton_stops_on_a_wrong_kernel(on_a_gpu, monkeypatch):
     planted(monkeypatch, 'gated_depthwise_conv')
     with pytest.raises(KernelMismatch, match=r"impl='triton': gated_depthwise_conv's Triton kernels compute other "
-                                             r"numbers than its torch operators on Triton interpreter"):
+                                             r"numbers than its torch operators in the variant "
+                                             r"gated_depthwise_conv\[C=8 k=5; .*\] on Triton interpreter"):
         gated_depthwise_conv(*gated_inputs(), impl='triton')
 
 
@@ -96,8 +110,9 @@ def test_kernels_that_pass_their_check_run_at_their_first_use(on_a_gpu):
     with warnings.catch_warnings():
         warnings.simplefilter('error')
         out = gated_depthwise_conv(*inputs, impl='auto')
-    assert OPERATORS['gated_depthwise_conv'].checked_on == {on_a_gpu}
-    assert OPERATORS['gated_depthwise_conv'].available_on(on_a_gpu)
+    [((gpu, variant), verdict)] = verdicts.VERDICTS.known.items()
+    assert gpu == on_a_gpu and variant.startswith('gated_depthwise_conv[C=8 k=5; -; fp32')
+    assert (verdict.right, verdict.choice) == (True, 'triton')
     torch.testing.assert_close(out, gated_depthwise_conv(*inputs, impl='torch'), rtol=1e-5, atol=1e-5)
 
 
