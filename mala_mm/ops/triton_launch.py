@@ -149,8 +149,9 @@ def check_offsets(kernel: str, tensors, gpu: Optional[GPU] = None) -> None:
     for t in tensors:
         span = 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride())) if t.numel() else 0
         if span >= MAX_SPAN:
+            on = f' on {gpu}' if gpu is not None else ''
             raise MapTooLarge(f"{kernel}: a map of shape {tuple(t.shape)} spans {span:,} elements, and the Triton "
-                              f"kernels address fewer than 2^31: use a smaller batch, or impl='torch'", gpu)
+                              f"kernels{on} address fewer than 2^31: use a smaller batch, or impl='torch'", gpu)
 
 
 def check_grid(kernel: str, grid: Tuple[int, ...]) -> None:
