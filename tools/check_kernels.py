@@ -6,8 +6,9 @@ Each operator runs once on small inputs in its kernels and in its torch operator
 visible one), forward and backward in fp32 without TF32, and the two are compared (mala_mm.ops.self_check), in
 seconds. Prints a line for each operator and GPU. Exits 0 where all agree, 2 where one differs or fails to run:
 training with impl='auto' (the default) would then run that operator in torch operators, and impl='triton' would
-stop. A run makes the same check at each operator's first use on a GPU; this command makes it on its own, before
-the job (on a new cluster, or after a driver or Triton update). --device cpu runs the kernels in Triton's
+stop. A run checks and times each variant it launches at its first launch on a GPU, at its own widths and precision
+(mala_mm.ops.verdicts); this command checks each operator's usual calls in fp32 on its own, before the job (on a new
+cluster, or after a driver or Triton update). --device cpu runs the kernels in Triton's
 interpreter where TRITON_INTERPRET=1 is set, which is how the tests run them without a GPU.
 """
 import argparse

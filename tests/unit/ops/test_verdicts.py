@@ -304,3 +304,20 @@ def test_every_rank_takes_rank_0s_choices(tmp_path):
     assert rank0['choices'] == rank1['choices'] and len(rank0['choices']) == 2
     assert set(rank0['choices'].values()) == {'triton'}
     assert (rank0['checks'], rank1['checks']) == (2, 0)
+
+
+def test_a_decided_variant_launches_what_an_unchecked_call_does(monkeypatch):
+    """The check's launches come at a variant's first launch only: later steps launch no more kernels than a run
+    without checks (benchmarks/kernel_count.py counts those)."""
+    from tests.helpers.launches import LaunchRecord
+    on_a_gpu(monkeypatch, OPERATORS['gated_depthwise_conv'])
+    inputs, record = gated_inputs(), LaunchRecord(monkeypatch)
+    with record:
+        gated_depthwise_conv(*inputs, impl='auto')
+        first = record.take()
+        gated_depthwise_conv(*inputs, impl='auto')
+        later = record.take()
+        monkeypatch.setattr(dispatch, '_on_a_gpu', lambda x: False)
+        gated_depthwise_conv(*inputs, impl='auto')
+        unchecked = record.take()
+    assert later == unchecked == ['gated_conv_kernel'] and len(first) > len(later)
