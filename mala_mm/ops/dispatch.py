@@ -200,6 +200,14 @@ def uses_triton(impl: str, x: Tensor, operator: Operator = None) -> bool:
     return True
 
 
+def log_new_choices() -> None:
+    """Logs the verdicts on the kernel variants met since the last call, as one table (:mod:`.verdicts`): the
+    backbone calls it at the end of each eager forward, so that a run's first forward logs its choices once."""
+    if TRITON_AVAILABLE:
+        from . import verdicts
+        verdicts.VERDICTS.log_choices()
+
+
 def _on_a_gpu(x: Tensor) -> bool:
     """Whether x lies on a GPU, where the kernels are checked at their first use (the tests mock one)."""
     return x.is_cuda

@@ -6,8 +6,8 @@ one, the variant is checked against its torch operators on small inputs (:func:`
 where it is right, timed both ways at the call's size (:func:`~.timing.time_call`). The kernels serve 'auto' where
 they are right and faster than the torch operators by more than :data:`MARGIN`; within it, the torch operators
 serve, which every GPU runs the same way. 'triton' keeps the kernels where they are right and stops where they are
-not (:mod:`.dispatch`). The new verdicts are logged as one table (:meth:`Verdicts.log_choices`), at the first launch
-of a variant already decided: in training, once the first forward has met every variant of the model.
+not (:mod:`.dispatch`). The new verdicts are logged as one table (:meth:`Verdicts.log_choices`) at the end of the
+backbone's forward (:func:`~.dispatch.log_new_choices`): in training, the first forward meets every variant.
 
 Every rank of a job runs the same choices. A variant leaves the image size out, so every rank of a job that trains
 one model meets the same variants in the same order, whatever the size of its images, as it meets DDP's buckets: at
@@ -121,7 +121,6 @@ class Verdicts:
         variant = str(variant_of(operator.name, args, call_autocast(args[0])))
         verdict = self.known.get((gpu, variant))
         if verdict is not None:
-            self.log_choices()
             return verdict, gpu, False
         verdict = agreed(variant, lambda: _kept_or_found(operator, gpu, variant, args))
         self.known[gpu, variant] = verdict

@@ -126,10 +126,11 @@ def test_auto_runs_a_variant_planted_wrong_in_torch_operators(monkeypatch, torch
     if dtype not in torch_path:
         torch_path[dtype] = step_gradients('torch', dtype)
     gpu = on_a_gpu(monkeypatch, OPERATORS[name])
-    wrong_batches = planted(monkeypatch, name, wrong_where)
+    wrong_batches, tables = planted(monkeypatch, name, wrong_where), logged(monkeypatch)
     with warnings.catch_warnings(record=True) as warned:
         warnings.simplefilter('always', RuntimeWarning)
         ours = step_gradients('auto', dtype)
+    assert len(tables) == 1 and all(v.operator in tables[0] for v in verdicts.VERDICTS.known.values())
     said = [str(w.message) for w in warned if issubclass(w.category, RuntimeWarning)]
     wrong = [v.variant for v in verdicts.VERDICTS.known.values() if not v.right]
     assert wrong and len(said) == len(wrong), said  # a warning a wrong variant, at its first launch
@@ -187,6 +188,7 @@ def test_auto_takes_the_kernels_only_where_faster_and_logs_the_choice_once(monke
     inputs = gated_inputs()
     for _ in range(3):
         out = gated_depthwise_conv(*inputs, impl='auto')
+        dispatch.log_new_choices()  # as the backbone does at the end of each forward
     torch.testing.assert_close(out, gated_depthwise_conv(*inputs, impl='torch'), rtol=1e-5, atol=1e-5)
     in_kernels = choice.startswith('triton')
     assert batches == [1] + [2] * 3 * in_kernels  # the check's call, then the calls' own where chosen
@@ -259,6 +261,7 @@ def test_the_table_is_logged_once_at_info(monkeypatch):
     monkeypatch.setattr(verdicts, 'print_log', lambda message, logger, level: levels.append(level))
     for _ in range(3):
         gated_depthwise_conv(*gated_inputs(), impl='auto')
+        dispatch.log_new_choices()
     assert levels == [logging.INFO]
 
 
@@ -288,6 +291,7 @@ def _rank(rank: int, port: str, cache: str, kernels_ms: float, out: str) -> None
     dist.destroy_process_group()
 
 
+@pytest.mark.slow  # two processes of a gloo group: 10 s on a slow CPU
 def test_every_rank_takes_rank_0s_choices(tmp_path):
     """Rank 0's clock has the kernels faster, rank 1's slower: both run the kernels, on rank 0's verdicts, and rank
     1 checks nothing. Each rank's images have a size of their own."""
