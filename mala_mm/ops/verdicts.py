@@ -25,7 +25,7 @@ from mmengine.logging import print_log
 
 from . import timing, verdict_cache
 from .self_check import check_call, precision_of
-from .triton_launch import KernelUnavailable, gpu_of
+from .triton_launch import KernelUnavailable, MapTooLarge, gpu_of
 from .variants import NAMES, call_autocast, variant_of
 
 # the kernels serve 'auto' only where they take less than 1 - MARGIN of the torch operators' time: within it, the
@@ -63,7 +63,11 @@ def find(operator, variant: str, args) -> Verdict:
         problem, error = str(failure), None
     if problem is not None:
         return Verdict(operator.name, variant, shape, dtype, False, problem, error, None, None, 'torch', 'wrong')
-    kernels_ms, torch_ms = timing.time_call(operator, args)
+    try:
+        kernels_ms, torch_ms = timing.time_call(operator, args)
+    except (KernelUnavailable, MapTooLarge) as failure:  # right on small inputs, but not at the call's size
+        return Verdict(operator.name, variant, shape, dtype, True, None, error, None, None, 'torch',
+                       f'kernels fail at its size: {failure}')
     if kernels_ms < (1 - MARGIN) * torch_ms:
         choice, why = 'triton', 'faster'
     else:

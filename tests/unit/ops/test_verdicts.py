@@ -325,3 +325,21 @@ def test_a_decided_variant_launches_what_an_unchecked_call_does(monkeypatch):
         gated_depthwise_conv(*inputs, impl='auto')
         unchecked = record.take()
     assert later == unchecked == ['gated_conv_kernel'] and len(first) > len(later)
+
+
+class FailingClock:
+    """A clock under which the kernels fail, as they may at a call's size and not at the check's."""
+
+    def milliseconds(self, run, impl, device):
+        from mala_mm.ops.triton_launch import KernelUnavailable
+        raise KernelUnavailable('gated_conv_kernel', gpu_of(torch.empty(0)), RuntimeError('out of resource'))
+
+
+def test_kernels_that_fail_at_the_calls_size_leave_auto_to_torch(monkeypatch):
+    operator = OPERATORS['gated_depthwise_conv']
+    on_a_gpu(monkeypatch, operator, FailingClock())
+    batches, inputs = launched(monkeypatch, operator), gated_inputs()
+    out = gated_depthwise_conv(*inputs, impl='auto')
+    torch.testing.assert_close(out, gated_depthwise_conv(*inputs, impl='torch'))
+    [verdict] = verdicts.VERDICTS.known.values()
+    assert batches == [1] and verdict.choice == 'torch' and 'out of resource' in verdict.why
