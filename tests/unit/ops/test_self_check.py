@@ -142,3 +142,66 @@ runpy.run_path({os.path.join(ROOT, 'tools', 'check_kernels.py')!r}, run_name='__
     assert result.returncode == 2, result.stderr[-2000:]
     assert 'gated_depthwise_conv: output 0 of case 0 differs' in result.stdout
     assert 'error: the kernels of gated_depthwise_conv on cpu differ from the torch operators' in result.stderr
+
+
+# the tool with a config, as on a GPU: the kernels of ``operator`` alone (the interpreter would take minutes over all
+# of them), each variant checked at its first launch, a clock that has them faster, and ``plant`` run first
+CONFIG_RUN = """
+import runpy, sys
+from mala_mm.models.layers import attention
+from mala_mm.ops import OPERATORS, dispatch, timing
+operator = OPERATORS[{operator!r}]
+dispatch._on_a_gpu = lambda x: True
+dispatch.uses_triton = attention.uses_triton = lambda impl, x, asking=None: asking is None or asking is operator
+
+
+class SetClock:
+    def milliseconds(self, run, impl, device):
+        return {{'triton': 1.0, 'torch': 2.0}}[impl]
+
+
+timing.CLOCK = SetClock()
+{plant}
+sys.argv = ['check_kernels.py', {config!r}, '--device', 'cpu', '--shape', '64', '64', '--images', '1']
+runpy.run_path({tool!r}, run_name='__main__')
+"""
+
+
+@pytest.mark.slow  # two processes of their own, whose imports take seconds
+def test_the_command_checks_the_variants_of_a_configs_step(tmp_path):
+    """tools/check_kernels.py CONFIG: the table of the step's variants, exit 0; with a variant planted wrong (LePE's
+    at 64 channels), exit 2 naming it."""
+    config = tmp_path / 'small.py'
+    config.write_text(f"_base_ = [{os.path.join(ROOT, 'configs/detection/cascade_mask_rcnn_mala_t_builtin.py')!r}]\n"
+                      "model = dict(backbone=dict(arch=dict(_delete_=True, embed_dims=[32, 64, 96, 128], "
+                      "depths=[1, 1, 1, 1], num_heads=[1, 2, 3, 4])))\n")
+    tool = os.path.join(ROOT, 'tools', 'check_kernels.py')
+    wrong = ("launcher = operator.triton\n"
+             "operator.triton = lambda *a, **k: launcher(*a, **k) * (1.01 if a[1].shape[1] == 64 else 1)")
+    results = [subprocess.run([sys.executable, '-c', CONFIG_RUN.format(operator='gated_depthwise_conv', plant=plant,
+                                                                       config=str(config), tool=tool)],
+                              cwd=tmp_path, env=tool_env(TRITON_INTERPRET='1', MALA_MM_CACHE=str(tmp_path / name)),
+                              capture_output=True, text=True, timeout=600)
+               for name, plant in (('right', ''), ('wrong', wrong))]
+    right, planted_wrong = results
+    assert right.returncode == 0, right.stderr[-2000:]
+    rows = [line.split() for line in right.stdout.splitlines() if line.startswith('gated_depthwise_conv')]
+    assert [row[1] for row in rows] == ['C=32', 'C=64', 'C=96', 'C=128'] and all(
+        row[-2:] == ['triton', '(faster)'] for row in rows)
+    assert planted_wrong.returncode == 2, planted_wrong.stderr[-2000:]
+    assert 'gated_depthwise_conv  C=64 k=5' in planted_wrong.stdout
+    assert 'error: on cpu, the kernels of gated_depthwise_conv[C=64 k=5;' in planted_wrong.stderr
+
+
+@pytest.mark.parametrize('config, amp, size, dtype', [
+    ('detection/mask_rcnn_mala_s.py', False, (800, 1344), torch.float16),
+    ('detection/mask_rcnn_mala_s_3x.py', False, (800, 1344), torch.float16),
+    ('segmentation/fpn_mala_b.py', False, (512, 512), None),
+    ('segmentation/fpn_mala_b.py', True, (512, 512), torch.float16)])
+def test_the_command_takes_a_configs_training_size_and_precision(config, amp, size, dtype):
+    """On a GPU: a paper config's largest training scale, padded to 32, and its AmpOptimWrapper's fp16 (or
+    tools/train.py --amp's)."""
+    from mala_tools.kernel_step import step_dtype, training_size
+    from tests.helpers import CONFIG_ROOT, load_config
+    cfg = load_config(CONFIG_ROOT / config)
+    assert training_size(cfg) == size and step_dtype(cfg, amp, torch.device('cuda')) == dtype
