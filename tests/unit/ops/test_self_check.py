@@ -14,11 +14,11 @@ import torch
 from mala_mm.ops import OPERATORS, TRITON_AVAILABLE, dispatch
 from mala_mm.ops.depthwise import gated_depthwise_conv
 from tests.helpers import ROOT, call_tool, tool_env
-from tests.helpers.low_precision import NEEDS_TRITON, TRITON_DEVICE
+from tests.helpers.low_precision import NEEDS_CPU_FP16, NEEDS_TRITON, TRITON_DEVICE
 
 if TRITON_AVAILABLE:  # a Triton the kernels run on; else NEEDS_TRITON skips these tests
     from mala_mm.ops import timing, verdicts
-    from mala_mm.ops.self_check import KernelMismatch, check_operator
+    from mala_mm.ops.self_check import KernelMismatch, check_call, check_operator, sample_cases
     from mala_mm.ops.triton_launch import gpu_of
 else:
     check_operator = None
@@ -37,7 +37,8 @@ def planted(monkeypatch, name: str, factor: float = 1.01):
     launcher = operator.triton
 
     def wrong(*args, **kwargs):
-        return launcher(*args, **kwargs) * factor
+        outputs = launcher(*args, **kwargs)
+        return tuple(out * factor for out in outputs) if isinstance(outputs, tuple) else outputs * factor
     monkeypatch.setattr(operator, 'triton', wrong)
     return operator
 
@@ -205,3 +206,26 @@ def test_the_command_takes_a_configs_training_size_and_precision(config, amp, si
     from tests.helpers import CONFIG_ROOT, load_config
     cfg = load_config(CONFIG_ROOT / config)
     assert training_size(cfg) == size and step_dtype(cfg, amp, torch.device('cuda')) == dtype
+
+
+def low_precision_call(name: str, dtype: torch.dtype) -> tuple:
+    """The last of the operator's sample calls with its maps in ``dtype`` (a stream of its own in fp32, as the
+    blocks give the residual operators), for a call under autocast to ``dtype``."""
+    from mala_mm.ops.variants import ARGUMENTS
+    args, _ = sample_cases(name, TRITON_DEVICE, torch.Generator().manual_seed(0))[-1]
+    low = tuple(t.to(dtype) if kind in ('map', 'heads') else t for t, kind in zip(args, ARGUMENTS[name]))
+    return (args[0], *low[1:]) if name.startswith('scaled_residual') else low
+
+
+@pytest.mark.parametrize('dtype', [pytest.param(torch.bfloat16, id='bf16'),
+                                   pytest.param(torch.float16, id='fp16', marks=NEEDS_CPU_FP16)])
+@pytest.mark.parametrize('name', sorted(OPERATORS))
+def test_in_low_precision_the_check_passes_rounding_and_finds_one_percent(monkeypatch, name, dtype):
+    """Under autocast, on maps of the low precision: the kernels as they are pass, within the torch operators'
+    own rounding; off by 1%, they fail."""
+    args = low_precision_call(name, dtype)
+    with torch.autocast(TRITON_DEVICE.type, dtype=dtype):
+        assert check_call(OPERATORS[name], args)[0] is None
+        operator = planted(monkeypatch, name)
+        problem, _ = check_call(operator, args)
+    assert problem is not None and 'off the fp64 reference' in problem
