@@ -87,11 +87,11 @@ def planted(monkeypatch, name: str, wrong_where) -> list:
     return wrong_batches
 
 
-def step_gradients(impl: str, dtype: torch.dtype) -> dict:
+def step_gradients(impl: str, dtype: torch.dtype, with_cp: bool = False) -> dict:
     """Every parameter's gradient after one training step of two images, under autocast to ``dtype`` unless
     fp32."""
     torch.manual_seed(0)
-    model = MALA(arch=ARCH, drop_path_rate=0.1, impl=impl).to(TRITON_DEVICE)
+    model = MALA(arch=ARCH, drop_path_rate=0.1, impl=impl, with_cp=with_cp).to(TRITON_DEVICE)
     x = torch.randn(2, 3, 32, 32, device=TRITON_DEVICE)
     with torch.autocast(TRITON_DEVICE.type, dtype=dtype, enabled=dtype != torch.float32):
         torch.manual_seed(1)  # stochastic depth's draws, the same in both paths
@@ -120,8 +120,11 @@ AUTO_MARKS = {'64 channels or more': [pytest.mark.slow], 'fp16 only': [pytest.ma
 TRITON_MARKS = {'fp16 only': [NEEDS_CPU_FP16]}
 
 
-@pytest.mark.parametrize('plant', [pytest.param(name, marks=AUTO_MARKS.get(name, ())) for name in PLANTS])
-def test_auto_runs_a_variant_planted_wrong_in_torch_operators(monkeypatch, torch_path, plant):
+@pytest.mark.parametrize('plant, with_cp', [
+    *(pytest.param(name, False, id=name, marks=AUTO_MARKS.get(name, ())) for name in PLANTS),
+    # the check runs in the forward of a checkpointed block, which its backward recomputes on the same verdicts
+    pytest.param('heads of 32 or wider', True, id='heads of 32 or wider-with_cp', marks=pytest.mark.slow)])
+def test_auto_runs_a_variant_planted_wrong_in_torch_operators(monkeypatch, torch_path, plant, with_cp):
     name, wrong_where, dtype = PLANTS[plant]
     if dtype not in torch_path:
         torch_path[dtype] = step_gradients('torch', dtype)
@@ -129,7 +132,7 @@ def test_auto_runs_a_variant_planted_wrong_in_torch_operators(monkeypatch, torch
     wrong_batches, tables = planted(monkeypatch, name, wrong_where), logged(monkeypatch)
     with warnings.catch_warnings(record=True) as warned:
         warnings.simplefilter('always', RuntimeWarning)
-        ours = step_gradients('auto', dtype)
+        ours = step_gradients('auto', dtype, with_cp)
     assert len(tables) == 1 and all(v.operator in tables[0] for v in verdicts.VERDICTS.known.values())
     said = [str(w.message) for w in warned if issubclass(w.category, RuntimeWarning)]
     wrong = [v.variant for v in verdicts.VERDICTS.known.values() if not v.right]
