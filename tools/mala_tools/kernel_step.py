@@ -8,8 +8,10 @@ import torch
 from mmengine.config import Config
 from mmengine.logging import MMLogger
 
+from .config_tree import config_dicts
 from .errors import fail
 from .machine_fit import fit_optim_wrapper_to_device
+from .model import build_backbone
 
 
 def training_size(cfg: Config) -> Tuple[int, int]:
@@ -26,19 +28,11 @@ def training_size(cfg: Config) -> Tuple[int, int]:
     return -(-height // divisor) * divisor, -(-width // divisor) * divisor
 
 
-def _scales(node) -> Iterator[Tuple[int, int]]:
-    """Every (w, h) pair under a 'scale' or 'scales' key of ``node``, a pipeline or a dataset, however nested."""
-    if isinstance(node, (list, tuple)):
-        for item in node:
-            yield from _scales(item)
-    elif isinstance(node, dict):
-        for key, value in node.items():
-            if key == 'scale' and _is_pair(value):
-                yield tuple(value)
-            elif key == 'scales' and isinstance(value, (list, tuple)):
-                yield from (tuple(scale) for scale in value if _is_pair(scale))
-            else:
-                yield from _scales(value)
+def _scales(dataset: dict) -> Iterator[Tuple[int, int]]:
+    """Every (w, h) pair that a 'scale' or 'scales' key of the dataset's config names, however nested."""
+    for _, node in config_dicts(dataset, 'train_dataloader.dataset'):
+        named = [node.get('scale')] + list(node.get('scales') or ())
+        yield from (tuple(scale) for scale in named if _is_pair(scale))
 
 
 def _is_pair(value) -> bool:
@@ -60,13 +54,10 @@ def step_dtype(cfg: Config, amp: bool, device: torch.device) -> Optional[torch.d
 def backbone_of(cfg: Config):
     """The config's MALA backbone with random weights (a check needs no pretrained ones), BatchNorm for SyncBN as
     mmengine's runner takes it in one process."""
-    from mala_mm import MALA
-    options = {key: value for key, value in cfg.model.backbone.items() if key not in ('type', 'init_cfg', '_delete_')}
-    if cfg.model.backbone.get('type') != 'MALA':
-        fail(f"{cfg.filename}: model.backbone is {cfg.model.backbone.get('type')!r}, not MALA: no kernels to check")
-    if options.get('norm_cfg', {}).get('type') == 'SyncBN':
-        options['norm_cfg'] = dict(options['norm_cfg'], type='BN')
-    return MALA(**options)
+    backbone = dict(cfg.model.backbone)
+    if (backbone.get('norm_cfg') or {}).get('type') == 'SyncBN':
+        backbone['norm_cfg'] = dict(backbone['norm_cfg'], type='BN')
+    return build_backbone(backbone, source=f'{cfg.filename}: model.backbone')
 
 
 def check_config(path: str, device: torch.device, images: Optional[int], amp: bool,
