@@ -15,7 +15,8 @@ from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from .variants import call_autocast, variant_inputs
+from .torch_compat import autocast_of
+from .variants import variant_inputs
 
 # the check's inputs: one image of 8 x 9 pixels, or 72 tokens, which cross the tiles of every kernel on every GPU
 # (32 pixels or tokens at most; 64 tokens in Triton's interpreter)
@@ -189,7 +190,7 @@ def check_call(operator, args: Sequence) -> Tuple[Optional[str], float]:
     """(what differs, or None; the kernels' largest error) for the variant that ``operator`` launches on ``args``
     under the autocast now on, on small inputs of that variant (:data:`ROWS` by :data:`COLUMNS`). A kernel that fails
     to compile or launch raises, as in a run."""
-    autocast = call_autocast(args[0])
+    autocast = autocast_of(args[0])
     small, wanted = variant_inputs(operator.name, args, 1, ROWS, COLUMNS, torch.Generator().manual_seed(0))
     device = args[0].device.type
     with _exact_fp32(), torch.autocast(device, dtype=autocast, enabled=autocast is not None), _own_graph():

@@ -13,7 +13,8 @@ from typing import Callable, Sequence, Tuple
 
 import torch
 
-from .variants import ARGUMENTS, call_autocast, spatial_size, variant_inputs
+from .torch_compat import autocast_of
+from .variants import ARGUMENTS, spatial_size, variant_inputs
 
 WARMUP, REPEATS = 2, 5
 
@@ -63,7 +64,7 @@ def time_call(operator, args: Sequence) -> Tuple[float, float]:
         scale = rows / timed_rows
     inputs, wanted = variant_inputs(operator.name, args, batch, timed_rows, timed_columns,
                                     torch.Generator().manual_seed(0))
-    autocast, device = call_autocast(args[0]), args[0].device
+    autocast, device = autocast_of(args[0]), args[0].device
     times = []
     for impl, fn in (('triton', operator.triton), ('torch', operator.torch)):
         with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None), torch.enable_grad(), \

@@ -13,8 +13,6 @@ import torch
 import triton
 from torch import Tensor
 
-from .torch_compat import autocast_dtype, autocast_enabled
-
 
 @triton.jit
 def empty_kernel():
@@ -196,18 +194,12 @@ def in_kernels_or_torch(in_kernels: Callable, torch_fallback, in_torch: Callable
         return torch_fallback.fell_back(in_torch())
 
 
-def autocast_of(t: Tensor) -> Optional[torch.dtype]:
-    """The dtype that autocast casts to on ``t``'s device where it is on there, else None: what a forward records
-    for a backward that may recompute it in torch operators (:func:`torch_gradients`)."""
-    device = t.device.type
-    return autocast_dtype(device) if autocast_enabled(device) else None
-
-
 def torch_gradients(torch_fn, inputs: tuple, grads: tuple, autocast: Optional[torch.dtype] = None) -> tuple:
     """The gradients of ``torch_fn(*inputs)`` with respect to each floating-point tensor of ``inputs`` (None for
     the others), given the gradients ``grads`` of its outputs: a backward whose kernels failed, in torch operators
     from the inputs the forward saved, under the autocast the forward ran under (``autocast``, from
-    :func:`autocast_of`), which casts those inputs and the fp32 parameters to one dtype as it did there."""
+    :func:`~.torch_compat.autocast_of`), which casts those inputs and the fp32 parameters to one dtype as it did
+    there."""
     device = next(t for t in inputs if isinstance(t, Tensor)).device.type
     with torch.enable_grad(), torch.autocast(device, dtype=autocast, enabled=autocast is not None):
         leaves = tuple(t.detach().requires_grad_() if isinstance(t, Tensor) and t.is_floating_point() else t

@@ -15,8 +15,6 @@ from typing import List, NamedTuple, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from .torch_compat import autocast_dtype, autocast_enabled
-
 # each operator's arguments, in the order its implementations take them, by what they are:
 #   map: (B, C, H, W); heads: (B, h, N, d); tables: RoPE's (N, d) tables; factors: stochastic depth's (B, 1, 1, 1);
 #   param: a parameter, random at its shape; same: the call's own tensor (the centre tap); stat: a running
@@ -45,12 +43,6 @@ class Variant(NamedTuple):
 
     def __str__(self) -> str:
         return f'{self.operator}[{self.widths}; {self.flags}; {self.dtypes}; {self.layout}]'
-
-
-def call_autocast(x: Tensor) -> Optional[torch.dtype]:
-    """The dtype autocast casts to on the device of ``x``, or None where it is off."""
-    device = x.device.type
-    return autocast_dtype(device) if autocast_enabled(device) else None
 
 
 def variant_of(name: str, args: Sequence, autocast: Optional[torch.dtype]) -> Variant:

@@ -25,8 +25,9 @@ from mmengine.logging import print_log
 
 from . import timing, verdict_cache
 from .self_check import check_call, precision_of
+from .torch_compat import autocast_of
 from .triton_launch import KernelUnavailable, MapTooLarge, gpu_of
-from .variants import NAMES, call_autocast, variant_of
+from .variants import NAMES, variant_of
 
 # the kernels serve 'auto' only where they take less than 1 - MARGIN of the torch operators' time: within it, the
 # two are as fast as a timing of a few repetitions can tell, and the torch operators serve
@@ -56,7 +57,7 @@ class Verdict(NamedTuple):
 def find(operator, variant: str, args) -> Verdict:
     """The verdict on ``variant`` of ``operator``, from a check and a timing of the call on ``args``."""
     first = args[0]
-    shape, dtype = 'x'.join(map(str, first.shape)), NAMES[precision_of(args, call_autocast(first))]
+    shape, dtype = 'x'.join(map(str, first.shape)), NAMES[precision_of(args, autocast_of(first))]
     try:
         problem, error = check_call(operator, args)
     except KernelUnavailable as failure:
@@ -122,7 +123,7 @@ class Verdicts:
         """(the verdict on the variant of ``operator`` that a call on ``args`` launches, the GPU, whether it is new
         to this process). ``args``: the operator's arguments, its first a tensor on the GPU."""
         gpu = gpu_of(args[0])
-        variant = str(variant_of(operator.name, args, call_autocast(args[0])))
+        variant = str(variant_of(operator.name, args, autocast_of(args[0])))
         verdict = self.known.get((gpu, variant))
         if verdict is not None:
             return verdict, gpu, False
