@@ -96,6 +96,13 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True)
+def _verdict_cache(monkeypatch, tmp_path):
+    """The kernels' verdicts (mala_mm.ops.verdict_cache) kept in the test's own folder, not the user's cache: a
+    test's planted kernels leave no verdict to the next."""
+    monkeypatch.setenv('MALA_MM_CACHE', str(tmp_path / 'cache'))
+
+
 @pytest.fixture(scope='session')
 def builtin_workspace(tmp_path_factory):
     """A working directory with the built-in dataset at data/builtin, as the configs expect. Shared: tests

@@ -1,11 +1,11 @@
 """Which implementation runs an operator: its torch operators, or the Triton kernels beside them.
 
 ``impl`` is 'triton' (the kernels), 'torch' (the operators) or 'auto': the kernels for CUDA tensors on a GPU that
-Triton serves (compute capability 8.0 or newer) where Triton is installed, the operators elsewhere. The backbone
-checks it once, where it is built (:func:`check_impl`); each operator then asks :func:`uses_triton` of the
-tensors it is given and runs through :meth:`Operator.run`, where under 'auto' a kernel that fails on a GPU (one this
-package's kernels were never compiled for, or another Triton) hands that operator to its torch operators on that
-GPU, with one warning.
+Triton serves (compute capability 8.0 or newer) where Triton is installed, where their variant is right and faster
+(:mod:`.verdicts`), the operators elsewhere. The backbone checks it once, where it is built (:func:`check_impl`);
+each operator then asks :func:`uses_triton` of the tensors it is given and runs through :meth:`Operator.run`, where
+under 'auto' a kernel that fails on a GPU (one this package's kernels were never compiled for, or another Triton),
+or a map too large for the kernels, hands that operator to its torch operators on that GPU, with one warning.
 """
 import logging
 import re
@@ -74,7 +74,6 @@ class Operator:
             module = import_module(triton_module)
             self.triton, self.variants = getattr(module, name), getattr(module, f'{name}_variants')
         self.failed_on, self.failing_on = set(), set()
-        self.checked_on = set()
 
     def __repr__(self) -> str:
         return f'Operator({self.name!r})'
@@ -91,11 +90,11 @@ class Operator:
         return found
 
     def run(self, impl: str, x: Tensor, *args):
-        """The operator on ``args`` in the kernels where :func:`uses_triton` takes them for ``x`` and they passed
-        their check on its GPU (:meth:`_checked_on`), else in torch operators. Under 'auto', a kernel that fails
-        hands the operator to its torch operators on that GPU (in the backward too); under 'triton' the error stops
-        the run."""
-        if impl == 'torch' or not uses_triton(impl, x, self) or not self._checked_on(x, impl):
+        """The operator on ``args`` in the kernels where :func:`uses_triton` takes them for ``x`` and their variant
+        serves on its GPU (:meth:`_serves`), else in torch operators. Under 'auto', a kernel that fails, or a map too
+        large for the kernels, hands the operator to its torch operators on that GPU (in the backward too); under
+        'triton' the error stops the run."""
+        if impl == 'torch' or not uses_triton(impl, x, self) or not self._serves(impl, x, args):
             return self.torch(*args)
         torch_fallback = self if impl == 'auto' else None
         return triton_launch.in_kernels_or_torch(lambda: self.triton(*args, torch_fallback=torch_fallback),
@@ -104,34 +103,26 @@ class Operator:
     def available_on(self, gpu) -> bool:
         return gpu not in self.failed_on
 
-    def _checked_on(self, x: Tensor, impl: str) -> bool:
-        """Whether the kernels may run on the GPU of ``x``: at their first use there, they are checked against the
-        torch operators (:mod:`.self_check`). Where they differ, or fail to run, 'auto' hands the operator to the
-        torch operators with a warning and 'triton' raises."""
+    def _serves(self, impl: str, x: Tensor, args: tuple) -> bool:
+        """Whether the kernels serve this call: :mod:`.verdicts` decides each variant at its first launch on a GPU,
+        from a check against the torch operators and a timing of both. 'auto' takes the kernels where they are
+        right and faster; 'triton' where they are right, and raises where they are not. A wrong variant runs in
+        torch operators under 'auto', with a warning at its first launch."""
         if not _on_a_gpu(x):  # Triton's interpreter: the tests' own
             return True
-        gpu = triton_launch.gpu_of(x)
-        if gpu in self.checked_on:
-            return self.available_on(gpu)
-        self.checked_on.add(gpu)
-        from .self_check import KernelMismatch, check_operator
-        try:
-            problem = check_operator(self, x.device)
-        except triton_launch.KernelUnavailable as error:
-            if impl != 'auto':
-                raise
-            self.unavailable(error)
-            self._step_ended()  # nothing ran in its kernels yet: no recomputation to keep them for
-            return False
-        if problem is None:
-            return True
+        from . import verdicts
+        from .self_check import KernelMismatch
+        verdict, gpu, new = verdicts.VERDICTS.of(self, args)
+        if verdict.right:
+            return impl == 'triton' or verdict.choice == 'triton'
         if impl != 'auto':
             raise KernelMismatch(f"impl='triton': {self.name}'s Triton kernels compute other numbers than its torch "
-                                 f"operators on {gpu}: {problem}; impl='auto' runs it in torch operators there")
-        self.failed_on.add(gpu)
-        warnings.warn(f"impl='auto': {self.name}'s Triton kernels compute other numbers than its torch operators on "
-                      f"{gpu}: {problem}; {self.name} runs in torch operators on this GPU from now on",
-                      RuntimeWarning, stacklevel=4)
+                                 f"operators in the variant {verdict.variant} on {gpu}: {verdict.problem}; "
+                                 f"impl='auto' runs that variant in torch operators there")
+        if new:
+            warnings.warn(f"impl='auto': {self.name}'s Triton kernels compute other numbers than its torch "
+                          f"operators in the variant {verdict.variant} on {gpu}: {verdict.problem}; that variant "
+                          f"runs in torch operators on this GPU from now on", RuntimeWarning, stacklevel=4)
         return False
 
     def unavailable(self, error) -> None:
@@ -207,6 +198,14 @@ def uses_triton(impl: str, x: Tensor, operator: Operator = None) -> bool:
         raise RuntimeError(f"impl='triton' runs the Triton kernels, and {why_not}: use impl='auto' (which "
                            f"takes the torch operators there) or 'torch'")
     return True
+
+
+def log_new_choices() -> None:
+    """Logs the verdicts on the kernel variants met since the last call, as one table (:mod:`.verdicts`): the
+    backbone calls it at the end of each eager forward, so that a run's first forward logs its choices once."""
+    if TRITON_AVAILABLE:
+        from . import verdicts
+        verdicts.VERDICTS.log_choices()
 
 
 def _on_a_gpu(x: Tensor) -> bool:

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from .conv2d import channels_last_strides
+from .dispatch import log_new_choices
 from .residual import drop_path_factors
 from .torch_compat import autocast_dtype, autocast_enabled, in_graph, recompile_limit
 from .weight_casts import low_precision_weights
@@ -101,6 +102,7 @@ class BlockRuntime:
         else:
             with self._weight_copies(x):
                 yield BlockCalls(None, self._drop_factors(x.shape[0], keep_probs))
+            log_new_choices()  # the kernel variants this forward met first, decided, as one table
 
     def _weight_copies(self, x: Tensor):
         device = x.device.type

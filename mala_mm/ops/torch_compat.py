@@ -2,7 +2,10 @@
 queries a device argument and custom operators (``torch.library.custom_op``), 2.3 named
 ``torch.compiler.is_compiling``; torch 2.1 has the queries per device and under torch._dynamo, and no
 ``_foreach_copy_``. Dynamo's ``cache_size_limit`` became ``recompile_limit`` in 2.7."""
+from typing import Optional
+
 import torch
+from torch import Tensor
 
 _NEW_AUTOCAST_API = hasattr(torch, 'get_autocast_dtype')
 HAS_CUSTOM_OPS = hasattr(torch.library, 'custom_op')
@@ -26,6 +29,13 @@ def autocast_dtype(device_type: str) -> torch.dtype:
     if _NEW_AUTOCAST_API:
         return torch.get_autocast_dtype(device_type)
     return torch.get_autocast_cpu_dtype() if device_type == 'cpu' else torch.get_autocast_gpu_dtype()
+
+
+def autocast_of(t: Tensor) -> Optional[torch.dtype]:
+    """The dtype that autocast casts to on ``t``'s device where it is on there, else None: what a forward records
+    for a backward that may recompute it in torch operators, and what a check of a call runs under."""
+    device = t.device.type
+    return autocast_dtype(device) if autocast_enabled(device) else None
 
 
 def is_compiling() -> bool:

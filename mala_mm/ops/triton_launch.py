@@ -13,8 +13,6 @@ import torch
 import triton
 from torch import Tensor
 
-from .torch_compat import autocast_dtype, autocast_enabled
-
 
 @triton.jit
 def empty_kernel():
@@ -134,17 +132,24 @@ MAX_SPAN = 2 ** 31
 
 
 class MapTooLarge(ValueError):
-    """A map whose elements lie beyond the int32 offsets that the kernels address."""
+    """A map whose elements lie beyond the int32 offsets that the kernels address: 'auto' runs the call in torch
+    operators, as where a kernel does not fit the GPU (:func:`in_kernels_or_torch`); ``gpu``: the GPU, where one was
+    named."""
+
+    def __init__(self, message: str, gpu: Optional[GPU] = None):
+        super().__init__(message)
+        self.gpu = gpu
 
 
-def check_offsets(kernel: str, tensors) -> None:
+def check_offsets(kernel: str, tensors, gpu: Optional[GPU] = None) -> None:
     """Raises :class:`MapTooLarge` where one of ``tensors`` spans 2^31 elements or more of its memory (from its first
     element to its last), which the kernel's int32 offsets would address wrongly, silently."""
     for t in tensors:
         span = 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride())) if t.numel() else 0
         if span >= MAX_SPAN:
+            on = f' on {gpu}' if gpu is not None else ''
             raise MapTooLarge(f"{kernel}: a map of shape {tuple(t.shape)} spans {span:,} elements, and the Triton "
-                              f"kernels address fewer than 2^31: use a smaller batch, or impl='torch'")
+                              f"kernels{on} address fewer than 2^31: use a smaller batch, or impl='torch'", gpu)
 
 
 def check_grid(kernel: str, grid: Tuple[int, ...]) -> None:
@@ -164,10 +169,10 @@ def launch(kernel, grid: Tuple[int, ...], *args, **options) -> None:
     """
     name = getattr(kernel, 'fn', kernel).__name__
     check_grid(name, grid)
-    check_offsets(name, (a for a in args if isinstance(a, Tensor)))
+    like = next(a for a in args if isinstance(a, Tensor))
+    check_offsets(name, (a for a in args if isinstance(a, Tensor)), gpu_of(like))
     if 0 in grid:
         return
-    like = next(a for a in args if isinstance(a, Tensor))
     device = launch_device(like)
     with torch.cuda.device(device) if device.type == 'cuda' else nullcontext():
         try:
@@ -177,30 +182,24 @@ def launch(kernel, grid: Tuple[int, ...], *args, **options) -> None:
 
 
 def in_kernels_or_torch(in_kernels: Callable, torch_fallback, in_torch: Callable):
-    """``in_kernels()``; where a kernel of it fails and ``torch_fallback`` (a :class:`~.dispatch.Operator`) is
-    given, that operator goes to its torch operators on the GPU and ``in_torch()`` gives the result instead;
-    without one, the error stops the run."""
+    """``in_kernels()``; where a kernel of it fails, or a map is too large for the kernels, and ``torch_fallback``
+    (a :class:`~.dispatch.Operator`) is given, that operator goes to its torch operators on the GPU and
+    ``in_torch()`` gives the result instead; without one, the error stops the run."""
     try:
         return in_kernels()
-    except KernelUnavailable as error:
+    except (KernelUnavailable, MapTooLarge) as error:
         if torch_fallback is None:
             raise
         torch_fallback.unavailable(error)
         return torch_fallback.fell_back(in_torch())
 
 
-def autocast_of(t: Tensor) -> Optional[torch.dtype]:
-    """The dtype that autocast casts to on ``t``'s device where it is on there, else None: what a forward records
-    for a backward that may recompute it in torch operators (:func:`torch_gradients`)."""
-    device = t.device.type
-    return autocast_dtype(device) if autocast_enabled(device) else None
-
-
 def torch_gradients(torch_fn, inputs: tuple, grads: tuple, autocast: Optional[torch.dtype] = None) -> tuple:
     """The gradients of ``torch_fn(*inputs)`` with respect to each floating-point tensor of ``inputs`` (None for
     the others), given the gradients ``grads`` of its outputs: a backward whose kernels failed, in torch operators
     from the inputs the forward saved, under the autocast the forward ran under (``autocast``, from
-    :func:`autocast_of`), which casts those inputs and the fp32 parameters to one dtype as it did there."""
+    :func:`~.torch_compat.autocast_of`), which casts those inputs and the fp32 parameters to one dtype as it did
+    there."""
     device = next(t for t in inputs if isinstance(t, Tensor)).device.type
     with torch.enable_grad(), torch.autocast(device, dtype=autocast, enabled=autocast is not None):
         leaves = tuple(t.detach().requires_grad_() if isinstance(t, Tensor) and t.is_floating_point() else t

@@ -12,8 +12,9 @@ import torch.nn.functional as F
 import triton
 from torch import Tensor
 
+from ..torch_compat import autocast_of
 from ..triton_helpers import channel_tile_shape, dense_channels_last
-from ..triton_launch import GPU, autocast_of, in_kernels_or_torch, launch, torch_gradients
+from ..triton_launch import GPU, in_kernels_or_torch, launch, torch_gradients
 from .kernels import gelu_grad_kernel
 
 

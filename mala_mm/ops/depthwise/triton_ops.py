@@ -6,9 +6,9 @@ import torch
 import triton
 from torch import Tensor
 
-from ..torch_compat import autocast_dtype, autocast_enabled
+from ..torch_compat import autocast_dtype, autocast_enabled, autocast_of
 from ..triton_helpers import MAX_PARTIAL_ROWS, channel_tile_shape
-from ..triton_launch import (GPU, INTERPRETER_GPU, autocast_of, gpu_of, in_kernels_or_torch, launch, registers_a_thread,
+from ..triton_launch import (GPU, INTERPRETER_GPU, gpu_of, in_kernels_or_torch, launch, registers_a_thread,
                              torch_gradients)
 from .grad_kernels import gated_conv_grad_kernel, residual_conv_grad_kernel
 from .kernels import gated_conv_kernel, residual_conv_kernel

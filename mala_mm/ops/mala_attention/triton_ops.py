@@ -8,8 +8,9 @@ import torch
 import triton
 from torch import Tensor
 
+from ..torch_compat import autocast_of
 from ..triton_helpers import heads_of_channels_last_map, strides, unit_stride
-from ..triton_launch import (GPU, INTERPRETER_GPU, autocast_of, gpu_of, in_kernels_or_torch, launch, registers_a_thread,
+from ..triton_launch import (GPU, INTERPRETER_GPU, gpu_of, in_kernels_or_torch, launch, registers_a_thread,
                              torch_gradients)
 from .grad_kernels import key_value_grad_kernel, query_grad_kernel
 from .kernels import output_kernel, state_kernel

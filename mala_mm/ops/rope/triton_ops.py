@@ -13,8 +13,9 @@ import torch
 import triton
 from torch import Tensor
 
+from ..torch_compat import autocast_of
 from ..triton_helpers import strides, unit_stride
-from ..triton_launch import GPU, autocast_of, in_kernels_or_torch, launch, torch_gradients
+from ..triton_launch import GPU, in_kernels_or_torch, launch, torch_gradients
 from .kernels import rotate_qk_kernel
 from .naive import split_heads
 

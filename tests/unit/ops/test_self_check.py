@@ -15,10 +15,11 @@ import torch
 from mala_mm.ops import OPERATORS, TRITON_AVAILABLE, dispatch
 from mala_mm.ops.depthwise import gated_depthwise_conv
 from tests.helpers import ROOT, call_tool, tool_env
-from tests.helpers.low_precision import NEEDS_TRITON, TRITON_DEVICE
+from tests.helpers.low_precision import NEEDS_CPU_FP16, NEEDS_TRITON, TRITON_DEVICE
 
 if TRITON_AVAILABLE:  # a Triton the kernels run on; else NEEDS_TRITON skips these tests
-    from mala_mm.ops.self_check import KernelMismatch, check_operator
+    from mala_mm.ops import timing, verdicts
+    from mala_mm.ops.self_check import KernelMismatch, check_call, check_operator, sample_cases
     from mala_mm.ops.triton_launch import gpu_of
 else:
     check_operator = None
@@ -37,7 +38,8 @@ def planted(monkeypatch, name: str, factor: float = 1.01):
     launcher = operator.triton
 
     def wrong(*args, **kwargs):
-        return launcher(*args, **kwargs) * factor
+        outputs = launcher(*args, **kwargs)
+        return tuple(out * factor for out in outputs) if isinstance(outputs, tuple) else outputs * factor
     monkeypatch.setattr(operator, 'triton', wrong)
     return operator
 
@@ -59,9 +61,21 @@ def on_a_gpu(monkeypatch):
     monkeypatch.setattr(dispatch, 'uses_triton', lambda impl, x, operator=None: impl == 'triton' or (
         impl == 'auto' and (operator is None or operator.available_on(gpu))))
     operator = OPERATORS['gated_depthwise_conv']
-    for record in ('failed_on', 'failing_on', 'checked_on'):
+    for record in ('failed_on', 'failing_on'):
         monkeypatch.setattr(operator, record, set())
+    monkeypatch.setattr(verdicts, 'VERDICTS', verdicts.Verdicts())
+    monkeypatch.setattr(timing, 'CLOCK', SetClock(kernels=1.0, torch=2.0))
     return gpu
+
+
+class SetClock:
+    """A clock that gives set times, by implementation, and runs nothing."""
+
+    def __init__(self, kernels: float, torch: float):
+        self.times = {'triton': kernels, 'torch': torch}
+
+    def milliseconds(self, run, impl, device):
+        return self.times[impl]
 
 
 def gated_inputs():
@@ -71,7 +85,7 @@ def gated_inputs():
 
 
 def test_auto_hands_a_wrong_kernels_operator_to_torch_at_its_first_use(on_a_gpu, monkeypatch):
-    operator = planted(monkeypatch, 'gated_depthwise_conv')
+    planted(monkeypatch, 'gated_depthwise_conv')
     inputs = gated_inputs()
     with pytest.warns(RuntimeWarning) as warned:
         out = gated_depthwise_conv(*inputs, impl='auto')
@@ -79,7 +93,7 @@ def test_auto_hands_a_wrong_kernels_operator_to_torch_at_its_first_use(on_a_gpu,
     assert len(warned) == 1 and "gated_depthwise_conv's Triton kernels compute other numbers" in message
     assert str(on_a_gpu) in message and 'differs from the torch operators' in message
     torch.testing.assert_close(out, gated_depthwise_conv(*inputs, impl='torch'))
-    assert not operator.available_on(on_a_gpu)
+    assert [(gpu, verdict.right) for (gpu, _), verdict in verdicts.VERDICTS.known.items()] == [(on_a_gpu, False)]
     with warnings.catch_warnings():
         warnings.simplefilter('error')  # checked once, said once
         gated_depthwise_conv(*inputs, impl='auto')
@@ -88,7 +102,8 @@ def test_auto_hands_a_wrong_kernels_operator_to_torch_at_its_first_use(on_a_gpu,
 def test_triton_stops_on_a_wrong_kernel(on_a_gpu, monkeypatch):
     planted(monkeypatch, 'gated_depthwise_conv')
     with pytest.raises(KernelMismatch, match=r"impl='triton': gated_depthwise_conv's Triton kernels compute other "
-                                             r"numbers than its torch operators on Triton interpreter"):
+                                             r"numbers than its torch operators in the variant "
+                                             r"gated_depthwise_conv\[C=8 k=5; .*\] on Triton interpreter"):
         gated_depthwise_conv(*gated_inputs(), impl='triton')
 
 
@@ -97,8 +112,9 @@ def test_kernels_that_pass_their_check_run_at_their_first_use(on_a_gpu):
     with warnings.catch_warnings():
         warnings.simplefilter('error')
         out = gated_depthwise_conv(*inputs, impl='auto')
-    assert OPERATORS['gated_depthwise_conv'].checked_on == {on_a_gpu}
-    assert OPERATORS['gated_depthwise_conv'].available_on(on_a_gpu)
+    [((gpu, variant), verdict)] = verdicts.VERDICTS.known.items()
+    assert gpu == on_a_gpu and variant.startswith('gated_depthwise_conv[C=8 k=5; -; fp32')
+    assert (verdict.right, verdict.choice) == (True, 'triton')
     torch.testing.assert_close(out, gated_depthwise_conv(*inputs, impl='torch'), rtol=1e-5, atol=1e-5)
 
 
@@ -139,3 +155,89 @@ def test_the_command_has_nothing_to_check_where_triton_is_too_old(monkeypatch, c
     assert capsys.readouterr().out == (
         'nothing to check: the kernels need Triton 3.2 or newer, and Triton 2.1.0 is installed, so every device runs '
         "the torch operators, which impl='auto' takes there\n")
+
+
+# the tool with a config, as on a GPU: the kernels of ``operator`` alone (the interpreter would take minutes over all
+# of them), each variant checked at its first launch, a clock that has them faster, and ``plant`` run first
+CONFIG_RUN = """
+import runpy, sys
+from mala_mm.models.layers import attention
+from mala_mm.ops import OPERATORS, dispatch, timing
+operator = OPERATORS[{operator!r}]
+dispatch._on_a_gpu = lambda x: True
+dispatch.uses_triton = attention.uses_triton = lambda impl, x, asking=None: asking is None or asking is operator
+
+
+class SetClock:
+    def milliseconds(self, run, impl, device):
+        return {{'triton': 1.0, 'torch': 2.0}}[impl]
+
+
+timing.CLOCK = SetClock()
+{plant}
+sys.argv = ['check_kernels.py', {config!r}, '--device', 'cpu', '--shape', '64', '64', '--images', '1']
+runpy.run_path({tool!r}, run_name='__main__')
+"""
+
+
+@pytest.mark.slow  # two processes of their own, whose imports take seconds
+def test_the_command_checks_the_variants_of_a_configs_step(tmp_path):
+    """tools/check_kernels.py CONFIG: the table of the step's variants, exit 0; with a variant planted wrong (LePE's
+    at 64 channels), exit 2 naming it."""
+    config = tmp_path / 'small.py'
+    config.write_text(f"_base_ = [{os.path.join(ROOT, 'configs/detection/cascade_mask_rcnn_mala_t_builtin.py')!r}]\n"
+                      "model = dict(backbone=dict(arch=dict(_delete_=True, embed_dims=[32, 64, 96, 128], "
+                      "depths=[1, 1, 1, 1], num_heads=[1, 2, 3, 4])))\n")
+    tool = os.path.join(ROOT, 'tools', 'check_kernels.py')
+    wrong = ("launcher = operator.triton\n"
+             "operator.triton = lambda *a, **k: launcher(*a, **k) * (1.01 if a[1].shape[1] == 64 else 1)")
+    results = [subprocess.run([sys.executable, '-c', CONFIG_RUN.format(operator='gated_depthwise_conv', plant=plant,
+                                                                       config=str(config), tool=tool)],
+                              cwd=tmp_path, env=tool_env(TRITON_INTERPRET='1', MALA_MM_CACHE=str(tmp_path / name)),
+                              capture_output=True, text=True, timeout=600)
+               for name, plant in (('right', ''), ('wrong', wrong))]
+    right, planted_wrong = results
+    assert right.returncode == 0, right.stderr[-2000:]
+    rows = [line.split() for line in right.stdout.splitlines() if line.startswith('gated_depthwise_conv')]
+    assert [row[1] for row in rows] == ['C=32', 'C=64', 'C=96', 'C=128'] and all(
+        row[-2:] == ['triton', '(faster)'] for row in rows)
+    assert planted_wrong.returncode == 2, planted_wrong.stderr[-2000:]
+    assert 'gated_depthwise_conv  C=64 k=5' in planted_wrong.stdout
+    assert 'error: on cpu, the kernels of gated_depthwise_conv[C=64 k=5;' in planted_wrong.stderr
+
+
+@pytest.mark.parametrize('config, amp, size, dtype', [
+    ('detection/mask_rcnn_mala_s.py', False, (800, 1344), torch.float16),
+    ('detection/mask_rcnn_mala_s_3x.py', False, (800, 1344), torch.float16),
+    ('segmentation/fpn_mala_b.py', False, (512, 512), None),
+    ('segmentation/fpn_mala_b.py', True, (512, 512), torch.float16)])
+def test_the_command_takes_a_configs_training_size_and_precision(config, amp, size, dtype):
+    """On a GPU: a paper config's largest training scale, padded to 32, and its AmpOptimWrapper's fp16 (or
+    tools/train.py --amp's)."""
+    from mala_tools.kernel_step import step_dtype, training_size
+    from tests.helpers import CONFIG_ROOT, load_config
+    cfg = load_config(CONFIG_ROOT / config)
+    assert training_size(cfg) == size and step_dtype(cfg, amp, torch.device('cuda')) == dtype
+
+
+def low_precision_call(name: str, dtype: torch.dtype) -> tuple:
+    """The last of the operator's sample calls with its maps in ``dtype`` (a stream of its own in fp32, as the
+    blocks give the residual operators), for a call under autocast to ``dtype``."""
+    from mala_mm.ops.variants import ARGUMENTS
+    args, _ = sample_cases(name, TRITON_DEVICE, torch.Generator().manual_seed(0))[-1]
+    low = tuple(t.to(dtype) if kind in ('map', 'heads') else t for t, kind in zip(args, ARGUMENTS[name]))
+    return (args[0], *low[1:]) if name.startswith('scaled_residual') else low
+
+
+@pytest.mark.parametrize('dtype', [pytest.param(torch.bfloat16, id='bf16'),
+                                   pytest.param(torch.float16, id='fp16', marks=NEEDS_CPU_FP16)])
+@pytest.mark.parametrize('name', sorted(OPERATORS))
+def test_in_low_precision_the_check_passes_rounding_and_finds_one_percent(monkeypatch, name, dtype):
+    """Under autocast, on maps of the low precision: the kernels as they are pass, within the torch operators'
+    own rounding; off by 1%, they fail."""
+    args = low_precision_call(name, dtype)
+    with torch.autocast(TRITON_DEVICE.type, dtype=dtype):
+        assert check_call(OPERATORS[name], args)[0] is None
+        operator = planted(monkeypatch, name)
+        problem, _ = check_call(operator, args)
+    assert problem is not None and 'off the fp64 reference' in problem
