@@ -262,14 +262,17 @@ def triton_launches_recorded(counter: KernelCounter):
     values of its torch operators (not counted), written through ``.data`` so that autograd's records of them stay
     as the launcher left them, and what follows computes on real values. The backward's launches leave their
     gradients as allocated."""
-    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.interpreter import GridExecutor
 
     from mala_mm.ops import OPERATORS
-    interpreted_run = InterpretedFunction.run
+    interpreted_launch = GridExecutor.__call__
     launchers = {operator: operator.triton for operator in OPERATORS.values()}
 
-    def recorded_run(self, *args, grid, warmup, **kwargs):
-        counter.record(counter._current_part(), _bytes(_tensors(list(args) + list(kwargs.values()))))
+    # each launch calls the interpreter's GridExecutor, from Triton 3.2 to 3.9: through InterpretedFunction.run from
+    # Triton 3.6, through its own __getitem__ before, when GridExecutor takes warmup= itself
+    def recorded_launch(self, *args, warmup=False, **kwargs):
+        if not warmup:
+            counter.record(counter._current_part(), _bytes(_tensors(list(args) + list(kwargs.values()))))
 
     def with_values(operator, launcher):
         def run(*args, torch_fallback=None):
@@ -282,13 +285,13 @@ def triton_launches_recorded(counter: KernelCounter):
             return outputs
         return run
 
-    InterpretedFunction.run = recorded_run
+    GridExecutor.__call__ = recorded_launch
     for operator, launcher in launchers.items():
         operator.triton = with_values(operator, launcher)
     try:
         yield
     finally:
-        InterpretedFunction.run = interpreted_run
+        GridExecutor.__call__ = interpreted_launch
         for operator, launcher in launchers.items():
             operator.triton = launcher
 

@@ -15,6 +15,7 @@ newer architectures the installed Triton compiles for. Prints a table per GPU; s
 where a variant does not compile, is over its shared memory or has a stack.
 """
 import argparse
+import inspect
 import os
 import re
 import shutil
@@ -58,6 +59,18 @@ def cuobjdump() -> str:
     return found
 
 
+def ast_source(ASTSource, kernel, types: dict, constexprs: dict):
+    """The compiler's source of ``kernel`` with its ``constexprs`` bound. Triton 3.3 and newer take every argument's
+    type and the constexprs by argument index; Triton 3.2 takes the other arguments' types and the constexprs by
+    name."""
+    if 'constexprs' in inspect.signature(ASTSource).parameters:
+        names = kernel.arg_names
+        return ASTSource(fn=kernel, signature=types,
+                         constexprs={(names.index(name),): value for name, value in constexprs.items()})
+    return ASTSource(fn=kernel, signature={name: kind for name, kind in types.items() if kind != 'constexpr'},
+                     constants=dict(constexprs))
+
+
 def compile_variant(module: str, kernel_name: str, options: dict, map_dtype: str, arch: int) -> Tuple[int, int, int]:
     """(shared memory in bytes, registers, stack bytes) of a kernel compiled for sm_``arch``."""
     import triton
@@ -66,9 +79,7 @@ def compile_variant(module: str, kernel_name: str, options: dict, map_dtype: str
     kernel = getattr(import_module(module), kernel_name)
     options = dict(options)
     launch = {key: options.pop(key) for key in LAUNCH_OPTIONS if key in options}
-    names = kernel.arg_names
-    source = ASTSource(fn=kernel, signature=signature(kernel, options, map_dtype),
-                       constexprs={(names.index(name),): value for name, value in options.items()})
+    source = ast_source(ASTSource, kernel, signature(kernel, options, map_dtype), options)
     compiled = triton.compile(source, target=GPUTarget('cuda', arch, 32), options=launch)
     with tempfile.NamedTemporaryFile(suffix='.cubin') as cubin:
         cubin.write(compiled.asm['cubin'])

@@ -25,13 +25,18 @@ MIN_TRITON = (3, 2)
 NEEDS_TRITON = f"the kernels need Triton {'.'.join(map(str, MIN_TRITON))} or newer"
 
 
+def release(version: str) -> tuple:
+    """(major, minor) of a version such as '3.4.0' or '3.6.0+git1234'."""
+    return tuple(int(part) for part in re.findall(r'\d+', version)[:2])
+
+
 def usable_triton():
     """Triton, where it is installed at MIN_TRITON or newer, else None and what is installed instead."""
     try:
         import triton
     except ImportError:  # optional
         return None, 'Triton is not installed'
-    if tuple(int(part) for part in re.findall(r'\d+', triton.__version__)[:2]) < MIN_TRITON:
+    if release(triton.__version__) < MIN_TRITON:
         return None, f'Triton {triton.__version__} is installed'
     return triton, None
 

@@ -3,6 +3,22 @@ name, and each ATen operator that launches one."""
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
+def patch_launcher(monkeypatch, wrap) -> None:
+    """Patches Triton's ``kernel[grid]``, which launches a kernel, with ``wrap(launcher)``: a ``(kernel, grid)``
+    function in place of ``launcher``. It is ``KernelInterface.__getitem__``, which the compiled kernels take and,
+    from Triton 3.6, the interpreter's; Triton 3.5's interpreter and older ones define their own."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import KernelInterface
+    for launching in (KernelInterface, InterpretedFunction):
+        if '__getitem__' in vars(launching):
+            monkeypatch.setattr(launching, '__getitem__', wrap(vars(launching)['__getitem__']))
+
+
+def kernel_name_of(kernel) -> str:
+    """The name of a Triton kernel: a compiled one's function or the interpreter's."""
+    return kernel.fn.__name__ if hasattr(kernel, 'fn') else kernel.__name__
+
+
 class LaunchRecord(TorchDispatchMode):
     """The kernels that the code under it launches, by name: Triton's, and the ATen operators less the views and
     those that allocate or answer a dtype question, which launch none. The interpreter's own torch calls, while a
@@ -16,20 +32,20 @@ class LaunchRecord(TorchDispatchMode):
 
     def __init__(self, monkeypatch):
         super().__init__()
-        from triton.runtime.jit import KernelInterface
         self.launches, self._in_kernel = [], False
-        launcher = KernelInterface.__getitem__
 
-        def counted(kernel, grid):
-            def launch(*args, **kwargs):
-                self.launches.append(kernel.__name__)
-                self._in_kernel = True
-                try:
-                    return launcher(kernel, grid)(*args, **kwargs)
-                finally:
-                    self._in_kernel = False
-            return launch
-        monkeypatch.setattr(KernelInterface, '__getitem__', counted)
+        def counted(launcher):
+            def launcher_of(kernel, grid):
+                def launch(*args, **kwargs):
+                    self.launches.append(kernel.__name__)
+                    self._in_kernel = True
+                    try:
+                        return launcher(kernel, grid)(*args, **kwargs)
+                    finally:
+                        self._in_kernel = False
+                return launch
+            return launcher_of
+        patch_launcher(monkeypatch, counted)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
@@ -46,18 +62,18 @@ class LaunchRecord(TorchDispatchMode):
 def failing_kernel(monkeypatch, kernel_name: str, error=None) -> list:
     """Makes every launch of the Triton kernel ``kernel_name`` raise ``error`` (default: what a kernel that does not
     fit a GPU raises); returns the names of the kernels launched or tried, which the test may read."""
-    from triton.runtime.jit import KernelInterface
     tried = []
-    launcher = KernelInterface.__getitem__
 
-    def launch(kernel, grid):
-        name = kernel.fn.__name__ if hasattr(kernel, 'fn') else kernel.__name__
-        tried.append(name)
-        if name != kernel_name:
-            return launcher(kernel, grid)
+    def failing(launcher):
+        def launch(kernel, grid):
+            name = kernel_name_of(kernel)
+            tried.append(name)
+            if name != kernel_name:
+                return launcher(kernel, grid)
 
-        def fail(*args, **kwargs):
-            raise error or RuntimeError('out of resource: shared memory, Required: 180224, Hardware limit: 101376')
-        return fail
-    monkeypatch.setattr(KernelInterface, '__getitem__', launch)
+            def fail(*args, **kwargs):
+                raise error or RuntimeError('out of resource: shared memory, Required: 180224, Hardware limit: 101376')
+            return fail
+        return launch
+    patch_launcher(monkeypatch, failing)
     return tried

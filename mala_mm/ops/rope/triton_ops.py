@@ -21,13 +21,15 @@ from .naive import split_heads
 
 
 def kernel_options(head_dims: int, backward: bool) -> dict:
-    """The kernel's constexprs for heads of ``head_dims`` channels: a tile of the head width padded to a power of
-    two by 4,096 elements' worth of tokens (at least 16) in the forward, which reads q's and k's, and by half as many
-    in the backward, which reads all four maps' gradients: each compiles without spilling on every GPU Triton
-    serves."""
+    """The kernel's constexprs and warps for heads of ``head_dims`` channels: a tile of the head width padded to a
+    power of two by 4,096 elements' worth of tokens (at least 16) over 4 warps in the forward, which reads q's and
+    k's, and by half as many over 8 warps in the backward, which reads all four maps' gradients: each compiles
+    without spilling on every GPU Triton serves (with 4 warps, Triton 3.5 spilled 48 bytes a thread in the backward
+    on sm_100 with fp16 maps)."""
     block_d = triton.next_power_of_2(head_dims)
     elements = 2048 if backward else 4096
-    return dict(TRANSPOSED=backward, COPY_VO=backward, BLOCK_N=max(16, elements // block_d), BLOCK_D=block_d)
+    return dict(TRANSPOSED=backward, COPY_VO=backward, BLOCK_N=max(16, elements // block_d), BLOCK_D=block_d,
+                num_warps=8 if backward else 4)
 
 
 def rotate_qk_variants(gpu: GPU) -> Iterator[Tuple[object, dict]]:

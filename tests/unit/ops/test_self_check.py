@@ -7,14 +7,13 @@ import os
 import runpy
 import subprocess
 import sys
-import warnings
 
 import pytest
 import torch
 
 from mala_mm.ops import OPERATORS, TRITON_AVAILABLE, dispatch
 from mala_mm.ops.depthwise import gated_depthwise_conv
-from tests.helpers import ROOT, call_tool, tool_env
+from tests.helpers import ROOT, call_tool, ignore_interpreter_deprecation, tool_env, warnings_as_errors
 from tests.helpers.low_precision import NEEDS_CPU_FP16, NEEDS_TRITON, TRITON_DEVICE
 
 if TRITON_AVAILABLE:  # a Triton the kernels run on; else NEEDS_TRITON skips these tests
@@ -88,14 +87,14 @@ def test_auto_hands_a_wrong_kernels_operator_to_torch_at_its_first_use(on_a_gpu,
     planted(monkeypatch, 'gated_depthwise_conv')
     inputs = gated_inputs()
     with pytest.warns(RuntimeWarning) as warned:
+        ignore_interpreter_deprecation()
         out = gated_depthwise_conv(*inputs, impl='auto')
     message = str(warned[0].message)
     assert len(warned) == 1 and "gated_depthwise_conv's Triton kernels compute other numbers" in message
     assert str(on_a_gpu) in message and 'differs from the torch operators' in message
     torch.testing.assert_close(out, gated_depthwise_conv(*inputs, impl='torch'))
     assert [(gpu, verdict.right) for (gpu, _), verdict in verdicts.VERDICTS.known.items()] == [(on_a_gpu, False)]
-    with warnings.catch_warnings():
-        warnings.simplefilter('error')  # checked once, said once
+    with warnings_as_errors():  # checked once, said once
         gated_depthwise_conv(*inputs, impl='auto')
 
 
@@ -109,8 +108,7 @@ def test_triton_stops_on_a_wrong_kernel(on_a_gpu, monkeypatch):
 
 def test_kernels_that_pass_their_check_run_at_their_first_use(on_a_gpu):
     inputs = gated_inputs()
-    with warnings.catch_warnings():
-        warnings.simplefilter('error')
+    with warnings_as_errors():
         out = gated_depthwise_conv(*inputs, impl='auto')
     [((gpu, variant), verdict)] = verdicts.VERDICTS.known.items()
     assert gpu == on_a_gpu and variant.startswith('gated_depthwise_conv[C=8 k=5; -; fp32')

@@ -4,7 +4,6 @@ GPU's properties read once, 'auto' on GPUs Triton does not serve, and a kernel t
 torch.cuda's answers (properties, the current device, the device context) are mocked; the kernels run on the GPU
 where there is one, else in Triton's interpreter (tests/conftest.py).
 """
-import warnings
 
 import pytest
 import torch
@@ -12,14 +11,13 @@ import torch
 from mala_mm import MALA
 from mala_mm.ops import OPERATORS, TRITON_AVAILABLE, dispatch
 from mala_mm.ops.mala_attention import mala_attention
-from tests.helpers import SMALL_ARCH, feature_loss
-from tests.helpers.launches import failing_kernel
+from tests.helpers import SMALL_ARCH, feature_loss, ignore_interpreter_deprecation, warnings_as_errors
+from tests.helpers.launches import failing_kernel, kernel_name_of, patch_launcher
 from tests.helpers.low_precision import IMPL_MARKS, TRITON_DEVICE
 
 if TRITON_AVAILABLE:  # a Triton the kernels run on; else IMPL_MARKS skips these tests
     from triton.compiler.errors import CompilationError
     from triton.runtime.errors import OutOfResources
-    from triton.runtime.jit import KernelInterface
 
     from mala_mm.ops import triton_launch
 else:
@@ -114,15 +112,16 @@ def test_every_launch_runs_on_its_tensors_device(gpus, monkeypatch):
             current[0] = self.previous
 
     launched_on = []
-    launcher = KernelInterface.__getitem__
 
-    def recorded(kernel, grid):
-        launched_on.append((kernel.fn.__name__ if hasattr(kernel, 'fn') else kernel.__name__, current[0]))
-        return launcher(kernel, grid)
+    def recorded(launcher):
+        def launch(kernel, grid):
+            launched_on.append((kernel_name_of(kernel), current[0]))
+            return launcher(kernel, grid)
+        return launch
     monkeypatch.setattr(torch.cuda, 'device', DeviceContext)
     monkeypatch.setattr(torch.cuda, 'current_device', lambda: current[0])
     monkeypatch.setattr(triton_launch, 'launch_device', lambda t: torch.device('cuda', 1))
-    monkeypatch.setattr(KernelInterface, '__getitem__', recorded)
+    patch_launcher(monkeypatch, recorded)
     model = MALA(arch=SMALL_ARCH, impl='triton').to(TRITON_DEVICE)
     feature_loss([out.cpu() for out in model(torch.randn(2, 3, 32, 32, device=TRITON_DEVICE))]).backward()
     assert {name for name, _ in launched_on} == {
@@ -151,6 +150,7 @@ def auto_on_a_gpu(monkeypatch):
 def test_what_compiling_loading_or_launching_raises_falls_back(auto_on_a_gpu, monkeypatch, error):
     failing_kernel(monkeypatch, 'output_kernel', error())
     with pytest.warns(RuntimeWarning, match='output_kernel'):
+        ignore_interpreter_deprecation()  # else pytest.warns shows it again
         out = mala_attention(*attention_inputs(), impl='auto')
     assert out.shape == (2, 2, 30, 16)
 
@@ -159,8 +159,7 @@ def test_what_compiling_loading_or_launching_raises_falls_back(auto_on_a_gpu, mo
 def test_an_error_of_our_own_code_stops_the_run_under_auto_too(auto_on_a_gpu, monkeypatch, error):
     """A bug in a launcher or in what it hands a kernel is not a GPU's limit: falling back would hide it."""
     failing_kernel(monkeypatch, 'state_kernel', error('a launcher bug'))
-    with warnings.catch_warnings():
-        warnings.simplefilter('error')  # no fallback warning
+    with warnings_as_errors():  # no fallback warning
         with pytest.raises(error, match='a launcher bug'):
             mala_attention(*attention_inputs(), impl='auto')
     assert OPERATORS['mala_attention'].available_on(auto_on_a_gpu)
@@ -171,6 +170,7 @@ def test_without_gradients_a_failed_kernel_is_left_at_once(auto_on_a_gpu, monkey
     at once."""
     tried = failing_kernel(monkeypatch, 'output_kernel')
     with torch.no_grad(), pytest.warns(RuntimeWarning, match='output_kernel'):
+        ignore_interpreter_deprecation()  # else pytest.warns shows it again
         mala_attention(*attention_inputs(), impl='auto')
     tried.clear()
     with torch.no_grad():
@@ -186,14 +186,14 @@ def test_auto_falls_back_to_torch_where_a_forward_kernel_fails(auto_on_a_gpu, mo
     tried = failing_kernel(monkeypatch, 'output_kernel')
     inputs = attention_inputs()
     with pytest.warns(RuntimeWarning) as warned:
+        ignore_interpreter_deprecation()
         out = mala_attention(*inputs, impl='auto')
     assert len(warned) == 1
     message = str(warned[0].message)
     assert 'output_kernel' in message and str(auto_on_a_gpu) in message and 'Hardware limit' in message
     torch.testing.assert_close(out, mala_attention(*inputs, impl='torch'))
     tried.clear()
-    with warnings.catch_warnings():
-        warnings.simplefilter('error')  # said once
+    with warnings_as_errors():  # said once
         # until the step's backward has run, the kernels are still tried, so that a checkpointed block recomputes
         # what its forward ran (tests/unit/ops/test_fallback.py)
         torch.testing.assert_close(mala_attention(*inputs, impl='auto'), out)
@@ -212,6 +212,7 @@ def test_auto_takes_the_gradients_in_torch_where_a_backward_kernel_fails(auto_on
     grad = torch.randn(2, 2, 30, 16, device=TRITON_DEVICE)
     out = mala_attention(*inputs, impl='auto')
     with pytest.warns(RuntimeWarning, match='key_value_grad_kernel'):
+        ignore_interpreter_deprecation()  # else pytest.warns shows it again
         ours = torch.autograd.grad(out, inputs, grad)
     expected = torch.autograd.grad(mala_attention(*inputs, impl='torch'), inputs, grad)
     for a, b in zip(ours, expected):

@@ -18,7 +18,7 @@ from mala_mm import MALA
 from mala_mm.models.layers import attention
 from mala_mm.ops import OPERATORS, TRITON_AVAILABLE, dispatch
 from mala_mm.ops.depthwise import gated_depthwise_conv
-from tests.helpers import feature_loss, relative_error
+from tests.helpers import feature_loss, ignore_interpreter_deprecation, relative_error
 from tests.helpers.low_precision import NAMES, NEEDS_CPU_FP16, NEEDS_TRITON, TRITON_DEVICE
 
 if TRITON_AVAILABLE:  # else NEEDS_TRITON skips these tests
@@ -252,6 +252,7 @@ def test_map_too_large_runs_in_torch_under_auto_and_stops_triton(monkeypatch):
     with pytest.raises(triton_launch.MapTooLarge):
         gated_depthwise_conv(*inputs, impl='triton')
     with torch.no_grad(), pytest.warns(RuntimeWarning) as warned:
+        ignore_interpreter_deprecation()  # else pytest.warns shows it again
         out = gated_depthwise_conv(*inputs, impl='auto')
     assert len(warned) == 1 and 'spans' in str(warned[0].message) and str(gpu) in str(warned[0].message)
     torch.testing.assert_close(out, gated_depthwise_conv(*inputs, impl='torch'))
