@@ -57,10 +57,12 @@ def main():
         cfg.resume, cfg.load_from = True, args.resume
     changes += setup_distributed(cfg)
     report_changes(changes)
-    # a paper row's config: the recipe check's lines (the batch among them); any other: the batch line alone
-    notice = recipe_notice(cfg, args.config, get_world_size()) or batch_notice(cfg, get_world_size())
-    if notice and is_main_process():
-        print(notice, file=sys.stderr)
+    # a paper row's config: the recipe check's lines (the batch among them); any other: the batch line alone. The
+    # main process alone prints them, so it alone reads the rows and builds the models the check compares.
+    if is_main_process():
+        notice = recipe_notice(cfg, args.config, get_world_size()) or batch_notice(cfg, get_world_size())
+        if notice:
+            print(notice, file=sys.stderr)
     warn_about_config(cfg, args.config)
     load_from_name = 'load_from' if args.resume in (None, 'auto') else '--resume checkpoint'
     loaders = ('train_dataloader', 'val_dataloader')
